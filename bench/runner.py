@@ -1,0 +1,110 @@
+"""The orchestrator: cells → launch → requests → verdicts → report, writing as it goes.
+
+The only module that ties the pure core (config, matrix, judge, report) to the I/O edges
+(launch, client, results files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from bench.client import run_workload
+from bench.config import Config
+from bench.fingerprint import fingerprint
+from bench.judge import judge_run
+from bench.launch import BootError, Launcher, LocalLauncher, image_env
+from bench.matrix import Cell
+from bench.records import RunRecord, Summary
+from bench.report import markdown, summarize
+from bench.results import ResultsDir, log_tail, read_log
+
+
+class Progress(Protocol):
+    def start(self, total_runs: int) -> None: ...
+    def status(self, text: str) -> None: ...
+    def run_done(self, record: RunRecord) -> None: ...
+
+
+class NoProgress:
+    def start(self, total_runs: int) -> None: ...
+    def status(self, text: str) -> None: ...
+    def run_done(self, record: RunRecord) -> None: ...
+
+
+def run_one(
+    config: Config, cell: Cell, repeat: int, launcher: Launcher, results: ResultsDir,
+    status: Callable[[str], None],
+) -> RunRecord:
+    """One fresh server: boot, send the workload, stop, judge. KeyboardInterrupt propagates
+    after the server is down and an interrupted run record is on disk."""
+    run_dir = results.run_dir(cell.id, repeat)
+    server = launcher.server(cell, run_dir)
+    requests = []
+    requests_s = None
+    interrupted = False
+    try:
+        status(f"{cell.id} #{repeat}: booting")
+        with server:
+            status(f"{cell.id} #{repeat}: serving")
+            t0 = time.monotonic()
+            requests = asyncio.run(
+                run_workload(
+                    server.base_url, cell.model.served, config.workload,
+                    cell_id=cell.id, repeat=repeat, on_record=results.add_request,
+                )
+            )
+            requests_s = time.monotonic() - t0
+            status(f"{cell.id} #{repeat}: stopping")
+    except BootError:
+        pass  # the outcome says how; judged below like any other run
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        outcome = server.outcome
+        log = Path(outcome.log_path)
+        findings = []
+        if not interrupted:
+            shutdown = read_log(log, outcome.stop_requested_at_byte or 0) if outcome.boot_s is not None else ""
+            findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log))
+        record = RunRecord(
+            cell_id=cell.id, repeat=repeat, server=outcome.model_copy(
+                update={"log_path": os.path.relpath(log, results.path)}
+            ),
+            requests_s=requests_s, findings=findings, interrupted=interrupted,
+        )
+        results.add_run(record)
+    return record
+
+
+def run_matrix(
+    config: Config,
+    cells: list[Cell],
+    results: ResultsDir,
+    launcher: Launcher | None = None,
+    progress: Progress | None = None,
+) -> Summary:
+    launcher = launcher or LocalLauncher(config.server)
+    progress = progress or NoProgress()
+    started = time.time()
+    interrupted = False
+    progress.start(sum(c.repeats for c in cells))
+    try:
+        for image in {c.image.name: c.image for c in cells}.values():
+            progress.status(f"fingerprint of {image.name}")
+            results.add_fingerprint(fingerprint(image, image_env(image, dict(os.environ))))
+        for cell in cells:
+            for repeat in range(1, cell.repeats + 1):
+                progress.run_done(run_one(config, cell, repeat, launcher, results, progress.status))
+    except KeyboardInterrupt:
+        interrupted = True
+    summary = summarize(
+        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(), interrupted
+    )
+    results.write_summary(summary, markdown(summary, results.fingerprints()))
+    return summary
