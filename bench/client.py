@@ -38,6 +38,10 @@ def _classify(exc: BaseException) -> tuple[ErrorKind, int | None]:
     return ErrorKind.PROTOCOL, None
 
 
+class ProtocolError(Exception):
+    """A 2xx answer that breaks the API's promises."""
+
+
 class _Result:
     """Accumulates one answer, whether it arrived whole or in chunks."""
 
@@ -94,8 +98,13 @@ async def _send(client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload
         for choice in response.choices[:1]:
             result.add_choice(choice, chat, streamed=False)
         result.add_usage(response.usage)
+    # A stream cut short parses fine chunk by chunk; only its missing end gives it away.
     if not result.choices_seen:
-        raise ValueError("the response had no choices")
+        raise ProtocolError("the response had no choices")
+    if result.finish_reason is None:
+        raise ProtocolError(f"the response ended without a finish_reason after {len(''.join(result.text))} characters")
+    if result.completion_tokens is None:
+        raise ProtocolError("the response carried no usage")
     return result
 
 

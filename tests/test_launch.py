@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.config import parse_config
+from bench.launch import BootError, ServerProcess, free_port, vllm_argv, vllm_env
+from bench.matrix import expand
+
+FAKE = str(Path(__file__).parent / "fakeproc.py")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def proc(tmp_path: Path, mode: str, boot: float = 10, shutdown: float = 5) -> ServerProcess:
+    port = free_port()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    return ServerProcess([sys.executable, FAKE, str(port), mode], dict(os.environ), run_dir,
+                         tmp_path / "scratch", port, boot, shutdown)
+
+
+def test_healthy_then_stopped_cleanly(tmp_path):
+    p = proc(tmp_path, "ok")
+    with p:
+        assert p.outcome.boot_s is not None
+        pid = p.proc.pid
+        assert alive(pid)
+    assert not alive(pid)
+    assert p.outcome.exit_code == -15 and not p.outcome.killed  # our fake dies of SIGTERM
+    assert "fakeproc ok" in (p.run_dir / "server.log").read_text()
+    assert not p.scratch.exists()
+
+
+def test_exit_during_boot_is_reported_with_its_code(tmp_path):
+    p = proc(tmp_path, "exit-during-boot")
+    with pytest.raises(BootError):
+        p.__enter__()
+    assert p.outcome.exited_early_code == 3 and p.outcome.boot_s is None
+    assert "model path missing" in (p.run_dir / "server.log").read_text()
+
+
+def test_boot_deadline_kills_the_server(tmp_path):
+    p = proc(tmp_path, "never-healthy", boot=1.5)
+    with pytest.raises(BootError, match="not healthy after 1.5 s"):
+        p.__enter__()
+    assert not alive(p.proc.pid)
+
+
+def test_sigterm_ignored_means_sigkill_after_grace(tmp_path):
+    p = proc(tmp_path, "ignore-term", shutdown=1)
+    with p:
+        pid = p.proc.pid
+    assert p.outcome.killed and p.outcome.exit_code == -9
+    assert not alive(pid)
+
+
+def test_children_of_the_server_are_reaped_too(tmp_path):
+    p = proc(tmp_path, "children")
+    with p:
+        log = (p.run_dir / "server.log").read_text()
+        child = int(re.search(r"child pid=(\d+)", log).group(1))
+        assert alive(child)
+    assert not alive(child)
+
+
+def test_an_exception_in_the_with_block_still_stops_the_server(tmp_path):
+    p = proc(tmp_path, "ok")
+    with pytest.raises(KeyboardInterrupt):
+        with p:
+            pid = p.proc.pid
+            raise KeyboardInterrupt
+    assert not alive(pid)
+
+
+def test_shutdown_phase_offset_marks_what_was_printed_after_stop(tmp_path):
+    p = proc(tmp_path, "noisy-exit")
+    with p:
+        pass
+    log = (p.run_dir / "server.log").read_bytes()
+    after = log[p.outcome.stop_requested_at_byte :].decode()
+    assert "UnicodeDecodeError" in after and "fakeproc" not in after
+
+
+def test_vllm_command_and_environment(minimal):
+    minimal["images"][0].update(pythonpath=["/overlay/0.16.0"], env={"A": "1"})
+    minimal["load_formats"][1].update(model_loader_extra_config={"concurrency": 4}, env={"B": "2"})
+    minimal["server"] = {"args": ["--dtype", "float32"], "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+    config = parse_config(minimal)
+    cell = expand(config)[1]
+    argv = vllm_argv(cell, config.server, 8000)
+    assert argv[1:5] == ["-m", "vllm.entrypoints.cli.main", "serve", "/models/m"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8000"
+    assert argv[argv.index("--load-format") + 1] == "runai_streamer"
+    assert argv[argv.index("--model-loader-extra-config") + 1] == '{"concurrency": 4}'
+    env = vllm_env(cell, config.server, Path("/s"), {"PYTHONPATH": "/mine", "HOME": "/root"})
+    assert env["PYTHONPATH"] == "/overlay/0.16.0:/mine"  # the overlay wins
+    assert env["TMPDIR"] == "/s/tmp" and env["VLLM_CACHE_ROOT"] == "/s/cache"
+    assert (env["A"], env["B"], env["VLLM_CPU_KVCACHE_SPACE"], env["HF_HUB_OFFLINE"]) == ("1", "2", "1", "1")

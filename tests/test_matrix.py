@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.config import ConfigError, parse_config
+from bench.matrix import expand
+
+
+def _two_images(d):
+    d["images"].append({"name": "img2", "python": "python3"})
+    return d
+
+
+def test_expansion_is_the_product_with_baselines_first(minimal):
+    cells = expand(parse_config(_two_images(minimal)))
+    assert [c.id for c in cells] == [
+        "m__safetensors__cpu__img",
+        "m__runai_streamer__cpu__img",
+        "m__safetensors__cpu__img2",
+        "m__runai_streamer__cpu__img2",
+    ]
+    assert cells[0].is_baseline and cells[0].baseline_id is None
+    assert cells[1].baseline_id == "m__safetensors__cpu__img"
+    assert cells[3].baseline_id == "m__safetensors__cpu__img2"
+
+
+def test_ids_are_stable_and_filesystem_safe(minimal):
+    a = [c.id for c in expand(parse_config(minimal))]
+    b = [c.id for c in expand(parse_config(minimal))]
+    assert a == b
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", i) and len(i) < 255 for i in a)
+
+
+def test_exclude_and_include(minimal):
+    d = _two_images(minimal)
+    d["exclude"] = [{"load_format": "runai_streamer", "image": "img"}]
+    assert [c.id for c in expand(parse_config(d))] == [
+        "m__safetensors__cpu__img", "m__safetensors__cpu__img2", "m__runai_streamer__cpu__img2",
+    ]
+    d["exclude"] = []
+    d["include"] = [{"image": "img2"}]
+    assert {c.image.name for c in expand(parse_config(d))} == {"img2"}
+
+
+def test_excluded_baseline_leaves_no_baseline(minimal):
+    minimal["exclude"] = [{"load_format": "safetensors"}]
+    (cell,) = expand(parse_config(minimal))
+    assert cell.baseline_id is None and not cell.is_baseline
+
+
+def test_filters_that_leave_nothing_are_an_error(minimal):
+    minimal["include"] = [{"image": "img", "load_format": "safetensors"}]
+    minimal["exclude"] = [{"image": "img"}]
+    with pytest.raises(ConfigError, match="no cell"):
+        expand(parse_config(minimal))
+
+
+def test_plan_prints_cells(tmp_path, minimal, capsys):
+    import yaml
+
+    from bench.cli import main
+
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(minimal))
+    assert main(["plan", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "2 cells × 1 repeats = 2 fresh servers" in out
+    assert "m__runai_streamer__cpu__img  [vs m__safetensors__cpu__img]" in out
