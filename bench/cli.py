@@ -20,8 +20,10 @@ from bench.results import ResultsDir, new_run_id
 from bench.runner import run_matrix
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-err = Console(stderr=True)
-out = Console()
+# CI logs are not terminals; rich would wrap them at 80 columns.
+_WIDTH = None if sys.stdout.isatty() else 160
+err = Console(stderr=True, width=_WIDTH)
+out = Console(width=_WIDTH)
 
 
 class RichProgress:

@@ -102,8 +102,9 @@ _STYLE = {"pass": "green", "fail": "bold red", "flaky": "yellow", "not run": "di
 
 def table(summary: Summary) -> Table:
     t = Table(title=f"regbench {summary.config_name} — {summary.run_id}")
-    for col in ("cell", "verdict", "failures/runs", "reasons"):
+    for col in ("model", "load format", "platform", "image", "verdict", "fail/runs", "reasons"):
         t.add_column(col, overflow="fold")
     for c in summary.cells:
-        t.add_row(c.cell_id, f"[{_STYLE[c.verdict]}]{_MARK[c.verdict]}[/]", f"{c.failures}/{c.runs}", _reasons(c))
+        t.add_row(c.model, c.load_format, c.platform, c.image, f"[{_STYLE[c.verdict]}]{_MARK[c.verdict]}[/]",
+                  f"{c.failures}/{c.runs}", _reasons(c))
     return t

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from bench.cli import main
+from bench.config import parse_config
+from bench.records import Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.results import ResultsDir, log_tail, read_log
+
+
+def outcome() -> ServerOutcome:
+    return ServerOutcome(command=["x"], port=1, log_path="l", started_at=0.0, boot_s=1.0, exit_code=0)
+
+
+def test_report_is_derived_from_the_jsonl_alone(tmp_path, minimal):
+    minimal["repeats"] = 2
+    config = parse_config(minimal)
+    results = ResultsDir.create(tmp_path, "run1", config)
+    base, cell = "m__safetensors__cpu__img", "m__runai_streamer__cpu__img"
+    for repeat in (1, 2):
+        for cid, ids, text in ((base, list(range(128)), "ok"), (cell, [5] * 128, "")):
+            results.add_request(RequestRecord(
+                cell_id=cid, repeat=repeat, prompt_id="p", api="completion", stream=False, started_at=0,
+                latency_s=0.1, status=200, text=text, token_ids=ids, completion_tokens=128, finish_reason="length"))
+        results.add_run(RunRecord(cell_id=base, repeat=repeat, server=outcome()))
+        findings = [Finding(reason="empty_text", detail="p: empty text")] if repeat == 1 else []
+        results.add_run(RunRecord(cell_id=cell, repeat=repeat, server=outcome(), findings=findings))
+
+    assert main(["report", str(results.path)]) == 1
+    summary = json.loads((results.path / "summary.json").read_text())
+    verdicts = {c["cell_id"]: (c["verdict"], c["failures"], c["runs"]) for c in summary["cells"]}
+    # Repeat 2 had no run-level finding but diverges from the baseline at token 0: still a failure.
+    assert verdicts == {base: ("pass", 0, 2), cell: ("fail", 2, 2)}
+    md = (results.path / "summary.md").read_text()
+    assert f"| `{cell}` | **FAIL** | 2/2 | divergence (2/2), empty_text (1/2), first divergence at token 0 |" in md
+    assert f"| `{base}` | **PASS** | 0/2 | - | (is baseline) |" in md
+
+
+def test_report_on_a_folder_that_is_not_results_is_exit_2(tmp_path):
+    assert main(["report", str(tmp_path)]) == 2
+
+
+def test_config_as_run_round_trips(tmp_path, minimal):
+    config = parse_config(minimal)
+    results = ResultsDir.create(tmp_path, "r", config)
+    assert results.config() == config
+    assert yaml.safe_load((results.path / "config.yaml").read_text())["name"] == "t"
+
+
+def test_logs_are_read_leniently_from_an_offset(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_bytes(b"before\n" + b"\xff\xfe after\n" + b"line\n" * 50)
+    assert read_log(log, 7).startswith("\ufffd\ufffd after")
+    assert log_tail(log, 3) == "line\nline\nline"
+    assert read_log(tmp_path / "missing") == ""
