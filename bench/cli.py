@@ -12,10 +12,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.config import ConfigError, load_config
+from bench.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeError, audit_checkpoint, default_python
+from bench.audit import render as render_audit
+from bench.checkpoint import NotACheckpoint, inspect_checkpoint
+from bench.checkpoint import render as render_checkpoint
+from bench.config import ENV_NAME, ConfigError, load_config
 from bench.matrix import expand
 from bench.records import RunRecord, Summary
-from bench.report import EXIT_USAGE, markdown, summarize, table
+from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, markdown, summarize, table
 from bench.results import ResultsDir, new_run_id
 from bench.runner import run_matrix
 
@@ -113,6 +117,64 @@ def cmd_report(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        report = inspect_checkpoint(args.ckpt)
+    except NotACheckpoint as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        for part in render_checkpoint(report):
+            out.print(part, highlight=False)
+    return EXIT_PASS if report.ok else EXIT_FAIL
+
+
+def _env_pairs(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not ENV_NAME.match(key):
+            raise ConfigError(f"--env {pair!r}: expected NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def _names(value: str, flag: str, known: tuple[str, ...]) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ConfigError(f"{flag} {value!r}: a comma-separated list of {', '.join(known)}")
+    return names
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    orders = _names(args.orders, "--orders", ORDERS) if args.orders.strip() else []
+    loaders = _names(args.loaders, "--loaders", LOADERS)
+    if not orders and not args.shuffles:
+        raise ConfigError("nothing to audit: give --orders or --shuffles")
+    if args.shuffles < 0:
+        raise ConfigError("--shuffles must be >= 0")
+    for d in args.pythonpath:
+        if not Path(d).is_dir():
+            raise ConfigError(f"--pythonpath {d}: not a directory")
+    python = args.python or default_python()
+    err.print(f"streaming {args.ckpt} with {python} …", highlight=False)
+    try:
+        report = audit_checkpoint(
+            args.ckpt, python, [str(Path(d).resolve()) for d in args.pythonpath], _env_pairs(args.env),
+            orders=orders, shuffles=args.shuffles, seed=args.seed, loaders=loaders, timeout_s=args.timeout,
+        )
+    except (NotACheckpoint, AuditError, ProbeError) as exc:
+        raise ConfigError(str(exc)) from None
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        for part in render_audit(report):
+            out.print(part, highlight=False)
+    return EXIT_PASS if report.ok else EXIT_FAIL
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="regbench", description="End-to-end serving regression bench for vLLM.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,6 +189,25 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="regenerate summary.json and summary.md from a results folder")
     report.add_argument("dir")
     report.set_defaults(func=cmd_report)
+    insp = sub.add_parser("inspect", help="read a checkpoint's safetensors headers: shards, index, dtypes, #157 risk")
+    insp.add_argument("ckpt", help="checkpoint directory")
+    insp.add_argument("--json", action="store_true", help="print the report as JSON")
+    insp.set_defaults(func=cmd_inspect)
+    audit = sub.add_parser("audit", help="stream every tensor through the real loader and compare with the files")
+    audit.add_argument("ckpt", help="checkpoint directory")
+    audit.add_argument("--python", help="Python of the system under test (default: .venv-vllm/bin/python, else python3)")
+    audit.add_argument("--pythonpath", nargs="+", action="extend", default=[], metavar="DIR",
+                       help="overlay put first on PYTHONPATH, e.g. one runai-model-streamer version")
+    audit.add_argument("--orders", default=",".join(ORDERS), help="comma-separated file orders: sorted, reversed, listing")
+    audit.add_argument("--shuffles", type=int, default=0, help="this many seeded random orders besides")
+    audit.add_argument("--seed", type=int, default=0, help="seed of the shuffles")
+    audit.add_argument("--env", nargs="+", action="extend", default=[], metavar="K=V",
+                       help="environment of the loader, e.g. RUNAI_STREAMER_MEMORY_LIMIT=0")
+    audit.add_argument("--loaders", default=",".join(LOADERS),
+                       help="comma-separated: streamer (SafetensorsStreamer), vllm (vLLM's iterator, where vllm imports)")
+    audit.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds the whole probe may take")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit.set_defaults(func=cmd_audit)
     return p
 
 

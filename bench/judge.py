@@ -16,7 +16,8 @@ Per request (judge_request)
                          typically repeats one id forever)
 
 Per run: one fresh server (judge_server)
-    boot_failed          the server exited before /health answered 200; detail has the log tail
+    boot_failed          the server could not be started, or exited before /health answered 200;
+                         the detail has the log tail
     boot_timeout         /health did not answer 200 before the boot deadline
     server_died          the server exited while serving, before the bench asked it to stop
     exit_exception       a traceback, "Exception ignored", UnicodeDecodeError or fatal error was
@@ -154,6 +155,8 @@ def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> li
     """Findings about the server process itself: boot, life, and exit."""
     last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "(empty log)")
     if outcome.boot_s is None:
+        if outcome.start_error is not None:
+            return [Finding(reason=Reason.BOOT_FAILED, detail=outcome.start_error)]
         if outcome.exited_early_code is not None:
             detail = f"exited with code {outcome.exited_early_code} during boot: {last}\nlog tail:\n{log_tail}"
             return [Finding(reason=Reason.BOOT_FAILED, detail=detail)]

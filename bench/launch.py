@@ -136,17 +136,21 @@ class ServerProcess:
         (self.scratch / "tmp").mkdir(parents=True, exist_ok=True)
         (self.scratch / "cache").mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            # Its own session, so the terminal's Ctrl-C reaches only the bench, which then stops
-            # the whole group in order; and so that killpg reaches the engine's children too.
-            self.proc = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                cwd=self.run_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            try:
+                # Its own session, so the terminal's Ctrl-C reaches only the bench, which then
+                # stops the whole group in order; and so that killpg reaches the engine's children.
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    env=self.env,
+                    cwd=self.run_dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # e.g. the image's python does not exist
+                self.outcome = self.outcome.model_copy(update={"start_error": f"cannot start {self.argv[0]}: {exc}"})
+                raise BootError(self.outcome.start_error) from None
         self.outcome = self.outcome.model_copy(update={"started_at": time.time()})
 
     def _wait_healthy(self) -> None:
@@ -184,6 +188,7 @@ class ServerProcess:
     def _reap(self) -> None:
         proc = self.proc
         if proc is None or self.outcome.exit_code is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
             return
         early = proc.poll()
         update: dict = {}

@@ -181,3 +181,8 @@ def test_interrupted_runs_are_not_judged(minimal):
     cell = expand(parse_config(minimal))[0]
     s = judge_cell(cell, [run(1, interrupted=True)], [], None)
     assert s.verdict == "not run" and s.runs == 0
+
+
+def test_a_server_that_could_not_start_is_a_boot_failure():
+    (f,) = judge_server(outcome(boot_s=None, start_error="cannot start /x/python: No such file", exit_code=None), "", "")
+    assert f.reason == Reason.BOOT_FAILED and "/x/python" in f.detail

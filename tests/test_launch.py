@@ -108,3 +108,11 @@ def test_vllm_command_and_environment(minimal):
     assert env["PYTHONPATH"] == "/overlay/0.16.0:/mine"  # the overlay wins
     assert env["TMPDIR"] == "/s/tmp" and env["VLLM_CACHE_ROOT"] == "/s/cache"
     assert (env["A"], env["B"], env["VLLM_CPU_KVCACHE_SPACE"], env["HF_HUB_OFFLINE"]) == ("1", "2", "1", "1")
+
+
+def test_a_command_that_cannot_start_is_a_boot_failure(tmp_path):
+    p = ServerProcess([str(tmp_path / "no-python"), "-m", "vllm"], dict(os.environ), tmp_path, tmp_path / "s",
+                      free_port(), 5, 5)
+    with pytest.raises(BootError, match="cannot start"):
+        p.__enter__()
+    assert p.outcome.start_error and not (tmp_path / "s").exists()

@@ -1,0 +1,471 @@
+"""Weight audit: stream every tensor through the real loader and compare it with the files.
+
+Why: a loader can lose tensors without an error. runai-model-streamer 0.14.0-0.16.0 stops
+streaming at an empty shard that begins a request (#157) and the server still boots, from
+whatever the model initialised the missing weights to; only the outputs say something is wrong,
+much later. The audit checks the loader itself, before any server: every tensor of the files
+must arrive exactly once, with the file's bytes, dtype and shape, whatever order the files come
+in (vLLM's runai_streamer loader hands them over in directory-listing order).
+
+The bench process has neither torch nor the streamer, so the streaming is done by
+``audit_probe.py`` run with the system-under-test's Python and overlay (the same PYTHONPATH
+semantics as a run's image), while the bench hashes the baseline from the raw files meanwhile.
+A loader that raises is a finding; a probe that cannot start at all is a ProbeError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from rich.console import RenderableType
+from rich.text import Text
+
+from bench.checkpoint import CheckpointReport, Problem, TensorHash, hash_tensors, human_size, inspect_checkpoint
+from bench.config import Image
+from bench.launch import image_env
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = Path(__file__).resolve().parent / "audit_probe.py"
+ORDERS = ("sorted", "reversed", "listing")
+LOADERS = ("streamer", "vllm")
+DEFAULT_TIMEOUT_S = 1800.0
+SHOWN = 5
+
+
+def default_python() -> str:
+    """The system-under-test venv next to the bench, else whatever python3 is on PATH."""
+    venv = ROOT / ".venv-vllm" / "bin" / "python"
+    return str(venv) if venv.exists() else "python3"
+
+
+class AuditError(ValueError):
+    """An audit that cannot be run as asked: unknown order or loader, nothing to stream."""
+
+
+class ProbeError(RuntimeError):
+    """The probe could not run: no such Python, the streamer does not import, it crashed at once."""
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- the probe's output ---------------------------------------------------------------------------
+
+
+class ProbeHello(Record):
+    type: Literal["probe"]
+    python: str
+    streamer_version: str
+    streamer_path: str
+    torch_version: str
+    vllm_version: str | None
+    vllm_error: str | None
+
+
+class ProbeBegin(Record):
+    type: Literal["begin"]
+    order: str
+    loader: str
+
+
+class Delivered(Record):
+    type: Literal["tensor"]
+    order: str
+    loader: str
+    name: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    sha256: str
+
+
+class ProbeEnd(Record):
+    type: Literal["end"]
+    order: str
+    loader: str
+    error: str | None
+    seconds: float
+
+
+class ProbeDone(Record):
+    type: Literal["done"]
+    streamer_version: str
+
+
+class ProbeFatal(Record):
+    type: Literal["fatal"]
+    error: str
+
+
+ProbeLine = TypeAdapter(
+    Annotated[ProbeHello | ProbeBegin | Delivered | ProbeEnd | ProbeDone | ProbeFatal, Field(discriminator="type")]
+)
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+class FileOrder(Record):
+    order: str
+    files: list[str]  # shard file names, relative to the checkpoint
+
+
+class Mismatch(Record):
+    name: str
+    field: Literal["bytes", "dtype", "shape"]
+    expected: str
+    got: str
+
+
+class FileLoss(Record):
+    file: str
+    missing: int
+    tensors: int
+
+
+class RunResult(Record):
+    """One loader streaming one order of the files, compared tensor by tensor with the baseline."""
+
+    order: str
+    loader: str
+    files: list[str]
+    expected: int
+    delivered: int
+    missing: list[str] = []
+    extra: list[str] = []
+    duplicated: list[str] = []
+    mismatched: list[Mismatch] = []
+    file_losses: list[FileLoss] = []
+    lost_from: str | None = None  # nothing was delivered from this file (in this order) onwards
+    error: str | None = None  # the loader raised, timed out, or the probe died during this run
+    seconds: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.duplicated or self.mismatched or self.error)
+
+    def line(self) -> str:
+        text = f"order={self.order} loader={self.loader}: {self.delivered}/{self.expected} tensors delivered"
+        if self.lost_from is not None:
+            text += f", lost from {Path(self.lost_from).stem} onwards"
+        elif self.file_losses:
+            text += ", missing in " + ", ".join(
+                f"{Path(f.file).stem} ({f.missing}/{f.tensors})" for f in self.file_losses
+            )
+        if self.extra:
+            text += f", {len(self.extra)} unknown"
+        if self.duplicated:
+            text += f", {len(self.duplicated)} duplicated"
+        if self.mismatched:
+            text += f", {len({m.name for m in self.mismatched})} differ from the files"
+        if self.error:
+            text += f"; {self.error}"
+        return text
+
+
+class Skipped(Record):
+    loader: str
+    reason: str
+
+
+class AuditReport(Record):
+    path: str
+    python: str
+    pythonpath: list[str]
+    env: dict[str, str]
+    streamer_version: str
+    streamer_path: str
+    torch_version: str
+    vllm_version: str | None
+    skipped: list[Skipped]
+    baseline_tensors: int
+    baseline_bytes: int
+    baseline_seconds: float
+    probe_exit_code: int | None  # None: killed on timeout
+    runs: list[RunResult]
+    checkpoint_problems: list[Problem]  # from inspect, for context: the verdict is about the runs
+    problems: list[str]  # one line per run that lost, duplicated, altered or raised
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def lost(self) -> int:
+        """Tensors missing, summed over every run."""
+        return sum(len(r.missing) for r in self.runs)
+
+
+# --- orders ---------------------------------------------------------------------------------------
+
+
+def file_orders(report: CheckpointReport, orders: Sequence[str], shuffles: int, seed: int) -> list[FileOrder]:
+    """The file lists to stream. Shuffles are seeded so that a failing order can be replayed."""
+    unknown = [o for o in orders if o not in ORDERS]
+    if unknown:
+        raise AuditError(f"unknown order(s) {unknown}: use {', '.join(ORDERS)}")
+    if shuffles < 0:
+        raise AuditError("shuffles must be >= 0")
+    names = sorted(s.file for s in report.shards)
+    lists = {"sorted": names, "reversed": names[::-1], "listing": list(report.listing_order)}
+    out = [FileOrder(order=o, files=lists[o]) for o in orders]
+    rng = random.Random(seed)
+    for i in range(1, shuffles + 1):
+        shuffled = list(names)
+        rng.shuffle(shuffled)
+        out.append(FileOrder(order=f"shuffle{i}", files=shuffled))
+    return out
+
+
+# --- comparison -----------------------------------------------------------------------------------
+
+
+def _differences(expected: TensorHash, got: Delivered) -> list[Mismatch]:
+    out = []
+    if expected.dtype != got.dtype:
+        out.append(Mismatch(name=got.name, field="dtype", expected=expected.dtype, got=got.dtype))
+    if expected.shape != got.shape:
+        out.append(Mismatch(name=got.name, field="shape", expected=str(expected.shape), got=str(got.shape)))
+    if expected.sha256 != got.sha256:
+        out.append(Mismatch(name=got.name, field="bytes", expected=expected.sha256, got=got.sha256))
+    return out
+
+
+def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], delivered: Sequence[Delivered],
+            error: str | None, seconds: float | None) -> RunResult:
+    """Matches deliveries to the baseline as multisets per name: a name in two shards must arrive
+    twice, each with the bytes of one of them."""
+    pending: dict[str, list[TensorHash]] = defaultdict(list)
+    for h in baseline:
+        pending[h.name].append(h)
+    unmatched: dict[str, list[Delivered]] = defaultdict(list)
+    for d in delivered:
+        candidates = pending.get(d.name, [])
+        exact = next((h for h in candidates if not _differences(h, d)), None)
+        if exact is not None:
+            candidates.remove(exact)
+        else:
+            unmatched[d.name].append(d)
+    mismatched, extra, duplicated = [], [], []
+    for name, got in unmatched.items():
+        for d in got:
+            if pending.get(name):
+                mismatched += _differences(pending[name].pop(0), d)
+            elif any(h.name == name for h in baseline):
+                duplicated.append(name)
+            else:
+                extra.append(name)
+    missing = [h for hs in pending.values() for h in hs]
+
+    per_file = defaultdict(int)
+    for h in baseline:
+        per_file[h.file] += 1
+    missing_per_file = defaultdict(int)
+    for h in missing:
+        missing_per_file[h.file] += 1
+    losses = [FileLoss(file=f, missing=missing_per_file[f], tensors=per_file[f])
+              for f in run.files if missing_per_file[f]]
+    lost_from = None
+    if losses:
+        # The stream stopped if every file after the last one that delivered anything lost it all.
+        delivering = [i for i, f in enumerate(run.files) if per_file[f] and missing_per_file[f] < per_file[f]]
+        after = run.files[(delivering[-1] + 1 if delivering else 0):]
+        if all(missing_per_file[f] == per_file[f] for f in after) and sum(per_file[f] for f in after):
+            lost_from = after[0]
+    return RunResult(
+        order=run.order, loader=loader, files=run.files, expected=len(baseline), delivered=len(delivered),
+        missing=sorted(h.name for h in missing), extra=sorted(extra), duplicated=sorted(duplicated),
+        mismatched=mismatched, file_losses=losses, lost_from=lost_from, error=error, seconds=seconds,
+    )
+
+
+# --- running the probe ----------------------------------------------------------------------------
+
+
+@dataclass
+class _ProbeRun:
+    hello: ProbeHello
+    delivered: dict[tuple[str, str], list[Delivered]]
+    ended: dict[tuple[str, str], ProbeEnd]
+    begun: list[tuple[str, str]]
+    done: bool
+
+
+def _parse(text: str, stderr_tail: str) -> _ProbeRun:
+    hello = None
+    delivered: dict[tuple[str, str], list[Delivered]] = defaultdict(list)
+    ended: dict[tuple[str, str], ProbeEnd] = {}
+    begun: list[tuple[str, str]] = []
+    done = False
+    for raw in text.splitlines():
+        try:
+            line = ProbeLine.validate_json(raw)
+        except ValidationError as exc:
+            raise ProbeError(f"the probe wrote a line that is not part of its protocol: {raw[:200]!r}\n{exc}") from None
+        if isinstance(line, ProbeFatal):
+            raise ProbeError(f"the probe cannot stream: {line.error}\n{stderr_tail}")
+        if isinstance(line, ProbeHello):
+            hello = line
+        elif isinstance(line, ProbeBegin):
+            begun.append((line.order, line.loader))
+        elif isinstance(line, Delivered):
+            delivered[(line.order, line.loader)].append(line)
+        elif isinstance(line, ProbeEnd):
+            ended[(line.order, line.loader)] = line
+        elif isinstance(line, ProbeDone):
+            done = True
+    if hello is None:
+        raise ProbeError(f"the probe exited before it could import the streamer:\n{stderr_tail}")
+    return _ProbeRun(hello=hello, delivered=delivered, ended=ended, begun=begun, done=done)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+def _exit_reason(code: int | None, timed_out: float | None) -> str:
+    if timed_out is not None:
+        return f"timed out after {timed_out:.0f} s"
+    if code is not None and code < 0:
+        return f"the probe died of signal {signal.Signals(-code).name}"
+    return f"the probe exited with code {code}"
+
+
+def audit_checkpoint(
+    path: str | Path,
+    python: str,
+    pythonpath: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    orders: Sequence[str] = ORDERS,
+    shuffles: int = 0,
+    seed: int = 0,
+    loaders: Sequence[str] = LOADERS,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    workers: int | None = None,
+) -> AuditReport:
+    """Streams the checkpoint in every order with every loader and compares with the files.
+    Raises NotACheckpoint, AuditError (bad arguments) or ProbeError (the probe could not run)."""
+    path = Path(path).resolve()
+    env = dict(env or {})
+    unknown = [name for name in loaders if name not in LOADERS]
+    if unknown or not loaders:
+        raise AuditError(f"loaders must be some of {', '.join(LOADERS)}, got {list(loaders)}")
+    report = inspect_checkpoint(path)
+    if not report.shards:
+        raise AuditError(f"{path}: no *.safetensors files to stream")
+    runs = file_orders(report, orders, shuffles, seed)
+    try:
+        image = Image(name="audit", python=python, pythonpath=list(pythonpath), env=env)
+    except ValidationError as exc:
+        raise AuditError(f"invalid probe settings: {exc.errors(include_url=False)[0]['msg']}") from None
+
+    with tempfile.TemporaryDirectory(prefix="regbench-audit-") as scratch:
+        scratch = Path(scratch)
+        plan = scratch / "plan.json"
+        plan.write_text(json.dumps({
+            "runs": [{"order": r.order, "files": [str(path / f) for f in r.files]} for r in runs],
+            "loaders": list(loaders),
+        }))
+        out_path, err_path = scratch / "stdout", scratch / "stderr"
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            try:
+                proc = subprocess.Popen(
+                    [python, str(PROBE), str(plan)], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    env=image_env(image, dict(os.environ)), start_new_session=True,
+                )
+            except OSError as exc:
+                raise ProbeError(f"cannot run {python}: {exc}") from None
+            try:
+                # The probe spends its first seconds importing torch: hash the baseline meanwhile.
+                started = time.monotonic()
+                baseline = hash_tensors(path, report.shards, workers)
+                baseline_s = time.monotonic() - started
+                timed_out = None
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    timed_out = timeout_s
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            code = proc.returncode
+        probe = _parse(out_path.read_text(encoding="utf-8"), _tail(err_path))
+
+    reason = _exit_reason(code, timed_out)
+    results = []
+    for run in runs:
+        for loader in loaders:
+            key = (run.order, loader)
+            if loader == "vllm" and probe.hello.vllm_error is not None:
+                continue
+            end = probe.ended.get(key)
+            if end is not None:
+                error, seconds = end.error, end.seconds
+            elif key in probe.begun:
+                error, seconds = f"{reason} while streaming", None
+            else:
+                error, seconds = f"not run: {reason} before this run", None
+            results.append(compare(run, loader, baseline, probe.delivered.get(key, []), error, seconds))
+    if not results:
+        raise ProbeError(f"nothing was audited: vLLM does not import ({probe.hello.vllm_error})")
+    skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {probe.hello.vllm_error}")] \
+        if probe.hello.vllm_error is not None else []
+    return AuditReport(
+        path=str(path), python=python, pythonpath=list(pythonpath), env=env,
+        streamer_version=probe.hello.streamer_version, streamer_path=probe.hello.streamer_path,
+        torch_version=probe.hello.torch_version, vllm_version=probe.hello.vllm_version, skipped=skipped,
+        baseline_tensors=len(baseline), baseline_bytes=sum(h.nbytes for h in baseline),
+        baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code, runs=results, checkpoint_problems=report.problems,
+        problems=[r.line() for r in results if not r.ok],
+    )
+
+
+def details(run: RunResult) -> list[str]:
+    """The first few names behind a failing run's summary line, for the human output."""
+    out = []
+    for label, names in (("missing", run.missing), ("unknown", run.extra), ("duplicated", run.duplicated)):
+        if names:
+            more = f" … and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
+            out.append(f"{label}: {', '.join(names[:SHOWN])}{more}")
+    for m in run.mismatched[:SHOWN]:
+        out.append(f"{m.name}: {m.field} {m.expected} in the file, {m.got} delivered")
+    return out
+
+
+
+def render(report: AuditReport) -> list[RenderableType]:
+    """The console view: what streamed, the baseline, one line per run, the names behind failures."""
+    overlay = f" (PYTHONPATH {os.pathsep.join(report.pythonpath)})" if report.pythonpath else ""
+    env = " ".join(f"{k}={v}" for k, v in report.env.items())
+    out: list[RenderableType] = [
+        Text(f"{report.path}: runai-model-streamer {report.streamer_version} from {report.streamer_path}, "
+             f"torch {report.torch_version}, vLLM {report.vllm_version or '-'}; {report.python}{overlay}"
+             + (f"; env {env}" if env else "")),
+        Text(f"baseline: {report.baseline_tensors} tensors, {human_size(report.baseline_bytes)} hashed in "
+             f"{report.baseline_seconds:.2f} s"),
+    ]
+    out += [Text(f"loader={s.loader} skipped: {s.reason}", style="yellow") for s in report.skipped]
+    for run in report.runs:
+        out.append(Text(("✓ " if run.ok else "✗ ") + run.line(), style="green" if run.ok else "red"))
+        out += [Text(f"    {d}") for d in details(run)]
+    if report.checkpoint_problems:
+        out.append(Text(f"inspect found {len(report.checkpoint_problems)} problem(s) in the checkpoint "
+                        "(`regbench inspect` for details)", style="yellow"))
+    out.append(Text(f"{len(report.problems)} run(s) lost or altered weights" if report.problems
+                    else "every tensor arrived intact in every run", style="bold red" if report.problems else "bold green"))
+    return out

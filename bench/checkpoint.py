@@ -1,0 +1,629 @@
+"""Checkpoint inspector: what a safetensors checkpoint holds, read from its headers alone.
+
+Why this exists: vLLM's loaders disagree about which files make up a checkpoint. The default
+loader trusts model.safetensors.index.json; the runai_streamer loader streams every
+``*.safetensors`` of the directory in listing order (an unsorted glob). A checkpoint whose index
+and files disagree, or whose empty shards sit where runai-model-streamer 0.14.0-0.16.0 stops
+streaming (its #157), therefore loads differently depending on the load format, and the
+difference can be silent. The inspector finds those layouts before a server is ever booted.
+
+Only headers are read (8 bytes of length, then JSON): no torch, no weights in memory, so it runs
+in the bench's own venv. The one place that reads tensor bytes is ``hash_tensors``, the baseline
+of the weight audit, which hashes every tensor's raw bytes in parallel (hashlib releases the GIL,
+so threads use every core).
+
+``write_shard``/``shard_header`` write the same format by hand, for tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import math
+import os
+import struct
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+INDEX_NAME = "model.safetensors.index.json"
+HF_QUANT_CONFIG = "hf_quant_config.json"
+PATTERN = "*.safetensors"
+# The limit safetensors itself and runai-model-streamer apply; a larger length is a corrupt file.
+MAX_HEADER = 100 * 1024 * 1024
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+# Longest first: "weight_scale_2" must not be counted as "weight_scale"-something-else.
+SCALE_SUFFIXES = (
+    "weight_scale_inv", "weight_scale_2", "weight_scale", "weight_global_scale",
+    "input_global_scale", "input_scale", "k_scale", "v_scale",
+)
+SHOWN = 10  # names per problem in the human output; the JSON has all of them
+
+
+class NotACheckpoint(ValueError):
+    """The path is not a directory holding safetensors shards or an index."""
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorInfo(Record):
+    name: str
+    dtype: str
+    shape: list[int]
+    start: int  # absolute offsets in the file, header included
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+class Shard(Record):
+    file: str  # relative to the checkpoint directory
+    size: int  # bytes on disk
+    tensors: list[TensorInfo] = []
+    metadata: dict[str, str] = {}
+    error: str | None = None  # the header could not be used; tensors is then empty
+    in_index: bool | None = None  # None: the checkpoint has no index
+
+    @property
+    def empty(self) -> bool:
+        return self.error is None and not self.tensors
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def dtypes(self) -> list[str]:
+        return sorted({t.dtype for t in self.tensors})
+
+
+class IndexInfo(Record):
+    file: str
+    files: list[str] = []  # distinct shard files its weight_map names
+    tensors: int = 0
+    total_size: int | None = None
+    error: str | None = None
+
+
+class DtypeCount(Record):
+    dtype: str
+    tensors: int
+    bytes: int
+
+
+class ScaleCount(Record):
+    suffix: str
+    tensors: int
+    dtypes: list[str]
+    examples: list[str]
+
+
+class QuantConfig(Record):
+    source: str  # "hf_quant_config.json" or "config.json:quantization_config"
+    method: str | None
+    settings: dict[str, Any]
+
+
+ProblemKind = Literal[
+    "unreadable_shard", "unreadable_index", "unreadable_config", "index_file_missing",
+    "shard_not_in_index", "tensor_missing", "tensor_in_wrong_shard", "tensor_not_in_index",
+    "duplicate_tensor", "stream_stop_risk",
+]
+
+
+class Problem(Record):
+    kind: ProblemKind
+    message: str
+    files: list[str] = []
+    tensors: list[str] = []
+
+
+class StreamStop(Record):
+    """Where runai-model-streamer 0.14.0-0.16.0 ends the stream (#157) for one order of the files."""
+
+    order: Literal["sorted", "listing"]
+    files: list[str]
+    stop_at: int | None  # index into files of the empty shard that ends the stream
+    lost_files: list[str]  # shards from stop_at on that hold tensors
+    lost_tensors: int
+    tensors: int
+
+    @property
+    def risk(self) -> bool:
+        return self.lost_tensors > 0
+
+
+class CheckpointReport(Record):
+    path: str
+    shards: list[Shard]  # sorted by file name
+    listing_order: list[str]  # what vLLM's unsorted glob sees
+    index: IndexInfo | None
+    dtypes: list[DtypeCount]
+    scales: list[ScaleCount]
+    quantization: list[QuantConfig]
+    stream_stops: list[StreamStop]
+    notes: list[str]
+    problems: list[Problem]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(s.tensors) for s in self.shards)
+
+    @property
+    def data_bytes(self) -> int:
+        return sum(s.data_bytes for s in self.shards)
+
+    @property
+    def empty_shards(self) -> list[str]:
+        return [s.file for s in self.shards if s.empty]
+
+
+class TensorHash(Record):
+    file: str
+    name: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    sha256: str
+
+
+# --- headers -------------------------------------------------------------------------------------
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"duplicate keys in the header: {sorted({k for k in keys if keys.count(k) > 1})}")
+    return dict(pairs)
+
+
+def _expected_bytes(dtype: str, shape: list[int]) -> int | None:
+    bits = DTYPE_BITS.get(dtype)
+    return None if bits is None else (math.prod(shape) * bits + 7) // 8
+
+
+def _parse_header(raw: bytes, data_start: int, data_size: int) -> tuple[list[TensorInfo], dict[str, str]]:
+    """The tensors of a header, checked the way the safetensors library checks them: known entry
+    shape, sizes that match dtype and shape, offsets that tile the data area without gaps."""
+    header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError("__metadata__ must map strings to strings")
+    tensors = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise ValueError(f"{name}: an entry needs exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str):
+            raise ValueError(f"{name}: dtype is not a string")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"{name}: shape is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"{name}: data_offsets is not [begin, end] with 0 <= begin <= end")
+        expected = _expected_bytes(dtype, shape)
+        if expected is not None and expected != offsets[1] - offsets[0]:
+            raise ValueError(f"{name}: {dtype}{shape} is {expected} bytes, data_offsets span {offsets[1] - offsets[0]}")
+        tensors.append(TensorInfo(name=name, dtype=dtype, shape=shape,
+                                  start=data_start + offsets[0], end=data_start + offsets[1]))
+    position = data_start
+    for t in sorted(tensors, key=lambda t: (t.start, t.end)):
+        if t.start != position:
+            what = "overlaps the previous tensor" if t.start < position else "leaves a gap before it"
+            raise ValueError(f"{t.name}: data_offsets {what}")
+        position = t.end
+    if position != data_start + data_size:
+        raise ValueError(f"the tensors cover {position - data_start} bytes of a {data_size}-byte data area")
+    return tensors, metadata
+
+
+def read_shard(path: Path, file: str) -> Shard:
+    """One shard's header. A header that cannot be used is a Shard with an error, not a raise:
+    a broken shard is a finding about the checkpoint."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        return Shard(file=file, size=0, error=str(exc))
+    try:
+        with path.open("rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise ValueError(f"{size} bytes: too short for a safetensors file")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER or 8 + length > size:
+                raise ValueError(f"header length {length} does not fit a {size}-byte file")
+            raw = f.read(length)
+        tensors, metadata = _parse_header(raw, 8 + length, size - 8 - length)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return Shard(file=file, size=size, error=str(exc))
+    return Shard(file=file, size=size, tensors=tensors, metadata=metadata)
+
+
+def listing_order(path: Path) -> list[str]:
+    """The shards in directory-listing order: what glob.glob(dir/*.safetensors) returns (glob
+    walks os.scandir, the same readdir order as os.listdir, and skips hidden names)."""
+    return [n for n in os.listdir(path) if fnmatch.fnmatch(n, PATTERN) and not n.startswith(".")]
+
+
+# --- the #157 trigger ----------------------------------------------------------------------------
+
+
+def stream_stop(order: Literal["sorted", "listing"], shards: Sequence[Shard]) -> StreamStop:
+    """Replays FilesRequestsIterator.next_request of runai-model-streamer 0.14.0-0.16.0 on the
+    shards in the given order. A file that streams no bytes ends the request it is in and is
+    consumed; a request that *begins* at such a file is returned as None, which the streamer takes
+    for the end of the stream. Requests begin at the first file, after every empty file, and within
+    a file when the memory limit splits it, so the trigger is an empty first file or two in a row
+    whatever the limit is. Everything from the trigger on is lost, silently."""
+    stop_at = None
+    request_begins = True
+    for i, shard in enumerate(shards):
+        streams_nothing = shard.data_bytes == 0 and shard.error is None
+        if streams_nothing and request_begins:
+            stop_at = i
+            break
+        request_begins = streams_nothing
+    lost = [] if stop_at is None else [s for s in shards[stop_at:] if s.tensors]
+    return StreamStop(
+        order=order, files=[s.file for s in shards], stop_at=stop_at,
+        lost_files=[s.file for s in lost], lost_tensors=sum(len(s.tensors) for s in lost),
+        tensors=sum(len(s.tensors) for s in shards),
+    )
+
+
+# --- inspect -------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _index(path: Path) -> tuple[IndexInfo | None, dict[str, str]]:
+    file = path / INDEX_NAME
+    if not file.exists():
+        return None, {}
+    try:
+        data = _read_json(file)
+        weight_map = data["weight_map"] if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError("no weight_map mapping tensor names to file names")
+    except (OSError, ValueError, KeyError) as exc:
+        return IndexInfo(file=INDEX_NAME, error=f"{type(exc).__name__}: {exc}"), {}
+    total = data.get("metadata", {}).get("total_size") if isinstance(data.get("metadata"), dict) else None
+    return IndexInfo(file=INDEX_NAME, files=sorted(set(weight_map.values())), tensors=len(weight_map),
+                     total_size=total if isinstance(total, int) else None), weight_map
+
+
+def _quantization(path: Path) -> tuple[list[QuantConfig], list[Problem]]:
+    found, problems = [], []
+    hf = path / HF_QUANT_CONFIG
+    if hf.exists():
+        try:
+            data = _read_json(hf)
+            quant = data.get("quantization", data) if isinstance(data, dict) else None
+            if not isinstance(quant, dict):
+                raise ValueError("not a JSON object")
+            found.append(QuantConfig(source=HF_QUANT_CONFIG, method=quant.get("quant_algo"), settings=quant))
+        except (OSError, ValueError) as exc:
+            problems.append(Problem(kind="unreadable_config", message=f"{HF_QUANT_CONFIG}: {exc}", files=[HF_QUANT_CONFIG]))
+    config = path / "config.json"
+    if config.exists():
+        try:
+            data = _read_json(config)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as exc:
+            problems.append(Problem(kind="unreadable_config", message=f"config.json: {exc}", files=["config.json"]))
+        else:
+            quant = data.get("quantization_config")
+            if isinstance(quant, dict):
+                found.append(QuantConfig(source="config.json:quantization_config",
+                                         method=quant.get("quant_method"), settings=quant))
+    return found, problems
+
+
+def _census(shards: Sequence[Shard]) -> tuple[list[DtypeCount], list[ScaleCount]]:
+    counts: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    scales: dict[str, list[TensorInfo]] = defaultdict(list)
+    for t in (t for s in shards for t in s.tensors):
+        counts[t.dtype] += 1
+        sizes[t.dtype] += t.nbytes
+        leaf = t.name.rsplit(".", 1)[-1]
+        if leaf in SCALE_SUFFIXES:
+            scales[leaf].append(t)
+    dtypes = [DtypeCount(dtype=d, tensors=counts[d], bytes=sizes[d]) for d in sorted(counts)]
+    scale_counts = [
+        ScaleCount(suffix=s, tensors=len(scales[s]), dtypes=sorted({t.dtype for t in scales[s]}),
+                   examples=sorted(t.name for t in scales[s])[:3])
+        for s in SCALE_SUFFIXES if scales[s]
+    ]
+    return dtypes, scale_counts
+
+
+def _names(names: Iterable[str]) -> str:
+    names = list(names)
+    shown = ", ".join(names[:SHOWN])
+    return shown + (f" … and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def _index_problems(shards: Sequence[Shard], index: IndexInfo | None, weight_map: dict[str, str]) -> list[Problem]:
+    problems = []
+    where: dict[str, list[str]] = defaultdict(list)
+    for s in shards:
+        for t in s.tensors:
+            where[t.name].append(s.file)
+    dupes = sorted(n for n, files in where.items() if len(files) > 1)
+    if dupes:
+        files = sorted({f for n in dupes for f in where[n]})
+        problems.append(Problem(
+            kind="duplicate_tensor", files=files, tensors=dupes,
+            message=f"{len(dupes)} tensor name(s) in more than one shard ({_names(files)}): {_names(dupes)}",
+        ))
+    if index is None:
+        return problems
+    if index.error is not None:
+        problems.append(Problem(kind="unreadable_index", files=[index.file], message=f"{index.file}: {index.error}"))
+        return problems
+    on_disk = {s.file for s in shards}
+    missing_files = [f for f in index.files if f not in on_disk]
+    if missing_files:
+        lost = sorted(n for n, f in weight_map.items() if f in missing_files and n not in where)
+        problems.append(Problem(
+            kind="index_file_missing", files=missing_files, tensors=lost,
+            message=f"the index names {len(missing_files)} file(s) that do not exist: {_names(missing_files)}",
+        ))
+    # An empty shard can never appear in a weight_map, and no loader reads anything from it:
+    # only a shard with tensors that the index ignores makes the loaders disagree.
+    unindexed = [s.file for s in shards if s.tensors and s.file not in index.files]
+    if unindexed:
+        problems.append(Problem(
+            kind="shard_not_in_index", files=unindexed,
+            message=f"{len(unindexed)} shard(s) with tensors that the index does not name "
+                    f"(the runai_streamer loader reads them, the default loader does not): {_names(unindexed)}",
+        ))
+    absent = sorted(n for n, f in weight_map.items() if n not in where and f in on_disk)
+    if absent:
+        problems.append(Problem(
+            kind="tensor_missing", tensors=absent, files=sorted({weight_map[n] for n in absent}),
+            message=f"{len(absent)} tensor(s) in the index but in no shard: {_names(absent)}",
+        ))
+    misplaced = sorted(n for n, f in weight_map.items() if where.get(n) and f not in where[n])
+    if misplaced:
+        problems.append(Problem(
+            kind="tensor_in_wrong_shard", tensors=misplaced,
+            files=sorted({weight_map[n] for n in misplaced} | {f for n in misplaced for f in where[n]}),
+            message=f"{len(misplaced)} tensor(s) in a different shard than the index says: {_names(misplaced)}",
+        ))
+    extra = sorted(n for n in where if n not in weight_map)
+    if extra:
+        problems.append(Problem(
+            kind="tensor_not_in_index", tensors=extra, files=sorted({f for n in extra for f in where[n]}),
+            message=f"{len(extra)} tensor(s) in the shards but not in the index: {_names(extra)}",
+        ))
+    return problems
+
+
+def _stop_problem(stop: StreamStop) -> Problem:
+    trigger = stop.files[stop.stop_at]
+    return Problem(
+        kind="stream_stop_risk", files=stop.lost_files,
+        message=(
+            f"{stop.order} order: empty shard {trigger} at position {stop.stop_at + 1} "
+            f"{'comes first' if stop.stop_at == 0 else 'follows another empty shard'}; "
+            f"runai-model-streamer 0.14.0-0.16.0 (#157, fixed in 0.16.1) would silently lose "
+            f"{stop.lost_tensors}/{stop.tensors} tensors, from {trigger} onwards"
+        ),
+    )
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and ((path / INDEX_NAME).exists() or bool(listing_order(path)))
+
+
+def inspect_checkpoint(path: str | Path) -> CheckpointReport:
+    """Everything the headers say about a checkpoint directory, and what is wrong with it."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NotACheckpoint(f"{path}: not a directory")
+    try:
+        listed = listing_order(path)
+    except OSError as exc:
+        raise NotACheckpoint(f"{path}: cannot list: {exc}") from None
+    if not listed and not (path / INDEX_NAME).exists():
+        raise NotACheckpoint(f"{path}: no *.safetensors files and no {INDEX_NAME}")
+    index, weight_map = _index(path)
+    shards = [read_shard(path / f, f) for f in sorted(listed)]
+    if index is not None and index.error is None:
+        shards = [s.model_copy(update={"in_index": s.file in index.files}) for s in shards]
+    by_file = {s.file: s for s in shards}
+
+    problems = [
+        Problem(kind="unreadable_shard", files=[s.file], message=f"{s.file}: {s.error}")
+        for s in shards if s.error is not None
+    ]
+    problems += _index_problems(shards, index, weight_map)
+    quantization, config_problems = _quantization(path)
+    problems += config_problems
+    stops = [stream_stop("sorted", shards), stream_stop("listing", [by_file[f] for f in listed])]
+    problems += [_stop_problem(s) for s in stops if s.risk]
+    notes = []
+    if any(s.empty for s in shards):
+        notes.append(
+            "runai-model-streamer 0.16.x raises `ValueError: max() arg is an empty sequence` "
+            "with RUNAI_STREAMER_MEMORY_LIMIT=0 when any shard is empty"
+        )
+    dtypes, scales = _census(shards)
+    return CheckpointReport(
+        path=str(path), shards=shards, listing_order=listed, index=index, dtypes=dtypes, scales=scales,
+        quantization=quantization, stream_stops=stops, notes=notes, problems=problems,
+    )
+
+
+# --- baseline hashing ----------------------------------------------------------------------------
+
+CHUNK = 8 * 1024 * 1024
+# Tensors of one file are grouped into units of at least this size: small enough that a few
+# big shards still spread over every core, large enough that a unit is not dominated by overhead.
+UNIT = 64 * 1024 * 1024
+
+
+def _hash_unit(path: Path, file: str, tensors: Sequence[TensorInfo]) -> list[TensorHash]:
+    out = []
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    # Unbuffered: every byte goes straight from the page cache into buf, once.
+    with path.open("rb", buffering=0) as f:
+        for t in tensors:
+            h = hashlib.sha256()
+            f.seek(t.start)
+            remaining = t.nbytes
+            while remaining:
+                n = f.readinto(view[: min(CHUNK, remaining)])
+                if not n:
+                    raise OSError(f"{path}: ends before {t.name} does (the file shrank while being read?)")
+                h.update(view[:n])
+                remaining -= n
+            out.append(TensorHash(file=file, name=t.name, dtype=t.dtype, shape=t.shape,
+                                  nbytes=t.nbytes, sha256=h.hexdigest()))
+    return out
+
+
+def _units(shards: Sequence[Shard]) -> list[tuple[str, list[TensorInfo]]]:
+    units = []
+    for s in shards:
+        group: list[TensorInfo] = []
+        size = 0
+        for t in sorted(s.tensors, key=lambda t: t.start):
+            group.append(t)
+            size += t.nbytes
+            if size >= UNIT:
+                units.append((s.file, group))
+                group, size = [], 0
+        if group:
+            units.append((s.file, group))
+    # Largest first, so that the last unit to finish is a small one and no core idles long.
+    return sorted(units, key=lambda u: -sum(t.nbytes for t in u[1]))
+
+
+def hash_tensors(path: str | Path, shards: Sequence[Shard], workers: int | None = None) -> list[TensorHash]:
+    """sha256 of every tensor's raw bytes, read via the header offsets, each byte read once.
+    Shards with an unusable header contribute nothing (inspect reports them)."""
+    path = Path(path)
+    workers = workers or os.cpu_count() or 1
+    units = _units(shards)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = pool.map(lambda u: _hash_unit(path / u[0], u[0], u[1]), units)
+        hashes = [h for unit in results for h in unit]
+    order = {(s.file, t.name): i for i, (s, t) in enumerate((s, t) for s in shards for t in s.tensors)}
+    return sorted(hashes, key=lambda h: order[(h.file, h.name)])
+
+
+# --- writing (tests and the benchmark) -----------------------------------------------------------
+
+
+class RawTensor(Record):
+    name: str
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+def shard_header(entries: Sequence[tuple[str, str, list[int], int]], metadata: dict[str, str] | None = None) -> bytes:
+    """The 8-byte length and JSON header of a shard whose tensors (name, dtype, shape, nbytes)
+    follow it back to back, padded with spaces to 8 bytes as safetensors does."""
+    header: dict[str, Any] = {"__metadata__": metadata if metadata is not None else {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape, nbytes in entries:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_shard(path: str | Path, tensors: Sequence[RawTensor], metadata: dict[str, str] | None = None) -> None:
+    entries = [(t.name, t.dtype, t.shape, len(t.data)) for t in tensors]
+    with Path(path).open("wb") as f:
+        f.write(shard_header(entries, metadata))
+        for t in tensors:
+            f.write(t.data)
+
+
+# --- human output --------------------------------------------------------------------------------
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def render(report: CheckpointReport) -> list[RenderableType]:
+    """The console view of a report: a shard table, then census, quantization, risk, problems."""
+    empty = len(report.empty_shards)
+    if report.index is None:
+        index = "no index"
+    elif report.index.error is not None:
+        index = "index unreadable"
+    else:
+        index = f"index names {len(report.index.files)} shard(s), {report.index.tensors} tensor(s)"
+    head = Text(f"{report.path}: {len(report.shards)} shard(s) ({empty} empty), {report.tensor_count} tensors, "
+                f"{human_size(report.data_bytes)} of weights; {index}")
+    listed = {f: i + 1 for i, f in enumerate(report.listing_order)}
+    shards = Table(box=None, pad_edge=False)
+    for col, justify in (("shard", "left"), ("listed", "right"), ("tensors", "right"), ("size", "right"),
+                         ("dtypes", "left"), ("in index", "left")):
+        shards.add_column(col, justify=justify, overflow="fold")
+    for s in report.shards:
+        in_index = {None: "-", True: "yes", False: "no"}[s.in_index]
+        tensors = Text("unreadable", style="red") if s.error else Text(str(len(s.tensors)), style="yellow" if s.empty else "")
+        shards.add_row(Text(s.file), str(listed[s.file]), tensors, human_size(s.size), ", ".join(s.dtypes) or "-", in_index)
+
+    lines = [Text("dtypes: " + (", ".join(f"{d.dtype} {d.tensors} tensor(s), {human_size(d.bytes)}" for d in report.dtypes) or "none"))]
+    if report.scales:
+        lines += [Text("scale tensors: " + ", ".join(f"{s.suffix} {s.tensors} ({', '.join(s.dtypes)})" for s in report.scales))]
+    else:
+        lines += [Text("scale tensors: none")]
+    lines += [Text("quantization: " + ("; ".join(
+        f"{q.source}: {q.method or '(no method named)'}" for q in report.quantization) or "none"))]
+    lines.append(Text("runai-model-streamer 0.14.0-0.16.0 stream stop (#157):"))
+    for stop in report.stream_stops:
+        if stop.risk:
+            lines.append(Text(f"  {stop.order:8} {stop.lost_tensors}/{stop.tensors} tensors lost, from "
+                              f"{stop.files[stop.stop_at]} onwards", style="red"))
+        else:
+            lines.append(Text(f"  {stop.order:8} safe: no empty shard begins a request", style="green"))
+    lines += [Text(f"note: {n}", style="dim") for n in report.notes]
+    if report.problems:
+        lines.append(Text(f"{len(report.problems)} problem(s):", style="bold red"))
+        lines += [Text(f"  {p.kind}: {p.message}") for p in report.problems]
+    else:
+        lines.append(Text("no problems", style="bold green"))
+    return [head, shards, *lines]
