@@ -301,7 +301,6 @@ class _ProbeRun:
     delivered: dict[tuple[str, str], list[Delivered]]
     ended: dict[tuple[str, str], ProbeEnd]
     begun: list[tuple[str, str]]
-    done: bool
 
 
 def _parse(text: str, stderr_tail: str) -> _ProbeRun:
@@ -309,14 +308,13 @@ def _parse(text: str, stderr_tail: str) -> _ProbeRun:
     delivered: dict[tuple[str, str], list[Delivered]] = defaultdict(list)
     ended: dict[tuple[str, str], ProbeEnd] = {}
     begun: list[tuple[str, str]] = []
-    done = False
     for raw in text.splitlines():
         try:
             line = ProbeLine.validate_json(raw)
         except ValidationError as exc:
             raise ProbeError(f"the probe wrote a line that is not part of its protocol: {raw[:200]!r}\n{exc}") from None
         if isinstance(line, ProbeFatal):
-            raise ProbeError(f"the probe cannot stream: {line.error}\n{stderr_tail}")
+            raise ProbeError(f"the probe cannot stream: {line.error}")
         if isinstance(line, ProbeHello):
             hello = line
         elif isinstance(line, ProbeBegin):
@@ -325,11 +323,9 @@ def _parse(text: str, stderr_tail: str) -> _ProbeRun:
             delivered[(line.order, line.loader)].append(line)
         elif isinstance(line, ProbeEnd):
             ended[(line.order, line.loader)] = line
-        elif isinstance(line, ProbeDone):
-            done = True
     if hello is None:
         raise ProbeError(f"the probe exited before it could import the streamer:\n{stderr_tail}")
-    return _ProbeRun(hello=hello, delivered=delivered, ended=ended, begun=begun, done=done)
+    return _ProbeRun(hello=hello, delivered=delivered, ended=ended, begun=begun)
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -341,7 +337,7 @@ def _exit_reason(code: int | None, timed_out: float | None) -> str:
     if timed_out is not None:
         return f"timed out after {timed_out:.0f} s"
     if code is not None and code < 0:
-        return f"the probe died of signal {signal.Signals(-code).name}"
+        return f"the probe died of signal {-code} ({signal.strsignal(-code)})"
     return f"the probe exited with code {code}"
 
 
@@ -392,7 +388,10 @@ def audit_checkpoint(
             try:
                 # The probe spends its first seconds importing torch: hash the baseline meanwhile.
                 started = time.monotonic()
-                baseline = hash_tensors(path, report.shards, workers)
+                try:
+                    baseline = hash_tensors(path, report.shards, workers)
+                except OSError as exc:
+                    raise AuditError(f"cannot read the checkpoint: {exc}") from None
                 baseline_s = time.monotonic() - started
                 timed_out = None
                 try:
@@ -430,8 +429,8 @@ def audit_checkpoint(
         streamer_version=probe.hello.streamer_version, streamer_path=probe.hello.streamer_path,
         torch_version=probe.hello.torch_version, vllm_version=probe.hello.vllm_version, skipped=skipped,
         baseline_tensors=len(baseline), baseline_bytes=sum(h.nbytes for h in baseline),
-        baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code, runs=results, checkpoint_problems=report.problems,
-        problems=[r.line() for r in results if not r.ok],
+        baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code, runs=results,
+        checkpoint_problems=report.problems, problems=[r.line() for r in results if not r.ok],
     )
 
 
@@ -454,7 +453,7 @@ def render(report: AuditReport) -> list[RenderableType]:
     env = " ".join(f"{k}={v}" for k, v in report.env.items())
     out: list[RenderableType] = [
         Text(f"{report.path}: runai-model-streamer {report.streamer_version} from {report.streamer_path}, "
-             f"torch {report.torch_version}, vLLM {report.vllm_version or '-'}; {report.python}{overlay}"
+             f"torch {report.torch_version}, vLLM {report.vllm_version or 'not imported'}; {report.python}{overlay}"
              + (f"; env {env}" if env else "")),
         Text(f"baseline: {report.baseline_tensors} tensors, {human_size(report.baseline_bytes)} hashed in "
              f"{report.baseline_seconds:.2f} s"),

@@ -603,14 +603,16 @@ def render(report: CheckpointReport) -> list[RenderableType]:
         shards.add_column(col, justify=justify, overflow="fold")
     for s in report.shards:
         in_index = {None: "-", True: "yes", False: "no"}[s.in_index]
-        tensors = Text("unreadable", style="red") if s.error else Text(str(len(s.tensors)), style="yellow" if s.empty else "")
-        shards.add_row(Text(s.file), str(listed[s.file]), tensors, human_size(s.size), ", ".join(s.dtypes) or "-", in_index)
+        if s.error:
+            tensors = Text("unreadable", style="red")
+        else:
+            tensors = Text(str(len(s.tensors)), style="yellow" if s.empty else "")
+        shards.add_row(Text(s.file), str(listed[s.file]), tensors, human_size(s.size),
+                       ", ".join(s.dtypes) or "-", in_index)
 
-    lines = [Text("dtypes: " + (", ".join(f"{d.dtype} {d.tensors} tensor(s), {human_size(d.bytes)}" for d in report.dtypes) or "none"))]
-    if report.scales:
-        lines += [Text("scale tensors: " + ", ".join(f"{s.suffix} {s.tensors} ({', '.join(s.dtypes)})" for s in report.scales))]
-    else:
-        lines += [Text("scale tensors: none")]
+    dtypes = ", ".join(f"{d.dtype} {d.tensors} tensor(s), {human_size(d.bytes)}" for d in report.dtypes)
+    scales = ", ".join(f"{s.suffix} {s.tensors} ({', '.join(s.dtypes)})" for s in report.scales)
+    lines = [Text(f"dtypes: {dtypes or 'none'}"), Text(f"scale tensors: {scales or 'none'}")]
     lines += [Text("quantization: " + ("; ".join(
         f"{q.source}: {q.method or '(no method named)'}" for q in report.quantization) or "none"))]
     lines.append(Text("runai-model-streamer 0.14.0-0.16.0 stream stop (#157):"))
