@@ -72,9 +72,13 @@ class LoadFormat(Strict):
 
 
 class Image(Strict):
-    """For the local launcher, an environment variant: which Python runs vLLM, and an overlay."""
+    """What serves a cell. For the docker launcher an image reference (`ref`) and its pull
+    policy; for the local launcher an environment variant: which Python runs vLLM. Both take an
+    overlay (`pythonpath`, mounted read-only in a container) and environment variables."""
 
     name: Name
+    ref: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+    pull: Literal["always", "if-missing", "never"] = "if-missing"
     python: str = Field(default="python3", min_length=1)
     pythonpath: list[str] = []
     env: dict[str, str] = {}
@@ -142,8 +146,49 @@ class Server(Strict):
     host: Literal["127.0.0.1"] = "127.0.0.1"
     args: list[str] = []
     env: dict[str, str] = {}
+    # Names of the bench's environment variables handed to containers (HF_TOKEN, ...). Only the
+    # names are configuration; values are read at launch and never written anywhere.
+    env_passthrough: list[str] = []
+    hub_cache: str | None = None  # host folder mounted as the container's Hugging Face cache
     boot_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3_600)
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @field_validator("env_passthrough")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        _check_env(dict.fromkeys(v, ""))
+        return v
+
+
+class Ulimit(Strict):
+    name: Literal["memlock", "stack", "nofile", "core"]
+    soft: int
+    hard: int
+
+
+class DockerOptions(Strict):
+    """How a platform's containers get at its accelerators and shared memory."""
+
+    gpus: Literal["all", "none"] | int = "none"  # a device request, like `docker run --gpus`
+    runtime: str | None = None  # "nvidia" on Jetson (AGX Thor), where --gpus is not used
+    ipc_host: bool = False
+    shm_size: str = Field(default="1g", pattern=r"^[0-9]+[bkmg]?$")  # vLLM's engine dies with 64m
+    ulimits: list[Ulimit] = []
+
+
+class Platform(Strict):
+    """A platform profile (configs/platforms/NAME.yaml): what the host looks like, how to run on it."""
+
+    name: Name
+    description: str = ""
+    arch: Literal["x86_64", "aarch64"] | None = None  # None: any
+    gpu_name: str | None = None  # a regex over nvidia-smi's GPU names; None: no GPU needed
+    unified_memory: bool = False
+    docker: DockerOptions = DockerOptions()
+    env: dict[str, str] = {}
+    runner_labels: list[str] = []
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -157,7 +202,7 @@ def _unique_names(items: list, what: str) -> None:
 
 class Config(Strict):
     name: Name
-    launcher: Literal["local"] = "local"
+    launcher: Literal["local", "docker"] = "local"
     models: list[Model] = Field(min_length=1)
     load_formats: list[LoadFormat] = Field(min_length=1)
     platforms: list[Name] = Field(default=["cpu"], min_length=1)
@@ -168,9 +213,18 @@ class Config(Strict):
     exclude: list[CellFilter] = []
     workload: Workload
     server: Server = Server()
+    # Filled in from configs/platforms/ by load_config; written out with the config as run.
+    profiles: list[Platform] = []
+
+    def profile(self, name: str) -> Platform:
+        return next((p for p in self.profiles if p.name == name), Platform(name=name))
 
     @model_validator(mode="after")
     def _references(self) -> Config:
+        if self.launcher == "docker":
+            missing = [i.name for i in self.images if i.ref is None]
+            if missing:
+                raise ValueError(f"the docker launcher needs `ref` (an image reference) on images {missing}")
         _unique_names(self.models, "model")
         _unique_names(self.load_formats, "load format")
         _unique_names(self.images, "image")
@@ -208,9 +262,7 @@ def parse_config(data: object, source: str = "<config>") -> Config:
         raise ConfigError(f"{source}: invalid matrix\n  " + "\n  ".join(lines)) from None
 
 
-def load_config(path: str | Path) -> Config:
-    """Reads and validates a matrix file; relative paths in it are resolved against its folder."""
-    path = Path(path)
+def _read_yaml_mapping(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -221,7 +273,39 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, not {type(data).__name__}")
-    return resolve_paths(parse_config(data, str(path)), Path(os.path.abspath(path)).parent)
+    return data
+
+
+# Profiles shipped with regbench, used when the config's folder has no platforms/ of its own.
+SHIPPED_PLATFORMS = Path(__file__).resolve().parent.parent / "configs" / "platforms"
+
+
+def load_platform(name: str, base: Path) -> Platform:
+    for folder in (base / "platforms", SHIPPED_PLATFORMS):
+        path = folder / f"{name}.yaml"
+        if path.exists():
+            data = _read_yaml_mapping(path)
+            try:
+                profile = Platform.model_validate(data)
+            except ValidationError as exc:
+                lines = [_format_error(e) for e in exc.errors(include_url=False)]
+                raise ConfigError(f"{path}: invalid platform profile\n  " + "\n  ".join(lines)) from None
+            if profile.name != name:
+                raise ConfigError(f"{path}: names platform {profile.name!r}, expected {name!r}")
+            return profile
+    raise ConfigError(f"unknown platform {name!r}: no {name}.yaml in {base / 'platforms'} or {SHIPPED_PLATFORMS}")
+
+
+def load_config(path: str | Path) -> Config:
+    """Reads and validates a matrix file; relative paths in it are resolved against its folder,
+    and each platform name is resolved to its profile."""
+    path = Path(path)
+    data = _read_yaml_mapping(path)
+    config = parse_config(data, str(path))
+    base = Path(os.path.abspath(path)).parent
+    if not config.profiles:
+        config = config.model_copy(update={"profiles": [load_platform(n, base) for n in config.platforms]})
+    return resolve_paths(config, base)
 
 
 def _command(value: str, base: Path) -> str:

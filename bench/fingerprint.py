@@ -17,7 +17,7 @@ from bench.records import Fingerprint
 
 # Reads versions without importing torch or vLLM (seconds each, per image, on the critical path):
 # package metadata, and torch/version.py read as text for the CUDA build.
-_PROBE = r"""
+PROBE = r"""
 import importlib.metadata as md, importlib.util, json, platform, re
 def v(name):
     try:
@@ -65,17 +65,24 @@ def host_gpu() -> str | None:
     return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
 
 
+def parse_probe(output: str, host: dict) -> Fingerprint:
+    """The probe's line in `output`, merged with what is known from the host side."""
+    for line in output.splitlines():
+        if line.startswith("REGBENCH-FINGERPRINT "):
+            return Fingerprint(**host, **json.loads(line.split(" ", 1)[1]))
+    return Fingerprint(**host, error=f"no fingerprint in the probe's output: {output.strip()[-500:]}")
+
+
 def fingerprint(image: Image, env: dict[str, str]) -> Fingerprint:
     """Runs the probe with the image's Python and environment. A failure is recorded, not raised."""
     host = dict(image=image.name, cpu=host_cpu(), gpu=host_gpu())
     try:
         proc = subprocess.run(
-            [image.python, "-c", _PROBE], env=env, capture_output=True, text=True,
+            [image.python, "-c", PROBE], env=env, capture_output=True, text=True,
             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return Fingerprint(**host, error=f"probe failed: {exc}")
-    for line in proc.stdout.splitlines():
-        if line.startswith("REGBENCH-FINGERPRINT "):
-            return Fingerprint(**host, **json.loads(line.split(" ", 1)[1]))
-    return Fingerprint(**host, error=f"probe exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    if proc.returncode != 0:
+        return Fingerprint(**host, error=f"probe exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return parse_probe(proc.stdout, host)

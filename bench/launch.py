@@ -1,10 +1,16 @@
 """Launch: start one vLLM server for one repeat of one cell, and always take it down again.
 
-A launcher is anything with ``server(cell, run_dir)`` returning a ``Server`` context manager
-(the ``Launcher`` protocol). The local launcher runs ``vllm serve`` as its own process group on
-127.0.0.1 and a free port, with a per-run TMPDIR and VLLM_CACHE_ROOT (removed afterwards), its whole output in a
-log file. ``__exit__`` (and a half-finished ``__enter__``) sends SIGTERM to the group, waits,
-then SIGKILLs it, so nothing is left running whatever happened — Ctrl-C included.
+A launcher (the ``Launcher`` protocol) turns a cell into a ``Server``: a context manager whose
+``__enter__`` starts the server and waits for ``/health`` against a deadline while watching that
+it is alive, and whose ``__exit__`` — also run when ``__enter__`` fails half-way — sends SIGTERM,
+waits the grace period, SIGKILLs, records the exit code and removes whatever was started, so
+nothing is left running whatever happened, Ctrl-C included. ``Server`` drives the life; a
+``Handle`` is the thing being driven: a process group here (the local launcher, the built-in
+default), a container in ``bench.launch_docker``.
+
+The local launcher runs ``vllm serve`` from the image's Python as its own process group on
+127.0.0.1 and a free port, with a per-run TMPDIR and VLLM_CACHE_ROOT (removed afterwards), its
+whole output in the run's log file.
 """
 
 from __future__ import annotations
@@ -17,15 +23,17 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import httpx
 
-from bench.config import Image
+from bench.config import Config, Image, Platform
 from bench.config import Server as ServerConfig
 from bench.matrix import Cell
-from bench.records import ServerOutcome
+from bench.fingerprint import fingerprint
+from bench.records import Fingerprint, ServerOutcome
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
@@ -38,17 +46,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def vllm_argv(cell: Cell, server: ServerConfig, port: int) -> list[str]:
-    """The `vllm serve` command line of a cell (pure)."""
-    argv = [
-        cell.image.python, "-m", "vllm.entrypoints.cli.main", "serve", cell.model.path,
+def serve_args(cell: Cell, server: ServerConfig, port: int, model_path: str) -> list[str]:
+    """The arguments of `vllm serve` for a cell (pure)."""
+    args = [
+        "serve", model_path,
         "--host", HOST, "--port", str(port),
         "--served-model-name", cell.model.served,
         "--load-format", cell.load_format.vllm_format,
     ]
     if cell.load_format.model_loader_extra_config:
-        argv += ["--model-loader-extra-config", json.dumps(cell.load_format.model_loader_extra_config)]
-    return argv + list(server.args) + list(cell.model.server_args)
+        args += ["--model-loader-extra-config", json.dumps(cell.load_format.model_loader_extra_config)]
+    return args + list(server.args) + list(cell.model.server_args)
+
+
+def vllm_argv(cell: Cell, server: ServerConfig, port: int) -> list[str]:
+    """The local command line: the image's Python runs vLLM's CLI module (the `vllm` script
+    looks up a distribution named `vllm`, which CPU builds are not called)."""
+    return [cell.image.python, "-m", "vllm.entrypoints.cli.main", *serve_args(cell, server, port, cell.model.path)]
 
 
 def image_env(image: Image, base: dict[str, str]) -> dict[str, str]:
@@ -63,64 +77,77 @@ def image_env(image: Image, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def vllm_env(cell: Cell, server: ServerConfig, scratch: Path, base: dict[str, str]) -> dict[str, str]:
-    """The server's environment (pure): per-run temp and cache dirs; the more specific wins."""
-    env = dict(base)
-    env.update(
-        TMPDIR=str(scratch / "tmp"),
-        VLLM_CACHE_ROOT=str(scratch / "cache"),
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        # vLLM picks an interface address for its internal message queues otherwise; the bench
+def server_env(cell: Cell, server: ServerConfig, platform: Platform) -> dict[str, str]:
+    """Variables every server of a cell gets, wherever it runs (pure); the more specific wins."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        # vLLM otherwise picks an interface address for its internal message queues; the bench
         # keeps all of a server's traffic on loopback.
-        VLLM_HOST_IP=HOST,
-    )
+        "VLLM_HOST_IP": HOST,
+    }
+    env.update(platform.env)
     env.update(server.env)
-    env = image_env(cell.image, env)
+    env.update(cell.image.env)
     env.update(cell.load_format.env)
     return env
+
+
+def vllm_env(
+    cell: Cell, server: ServerConfig, scratch: Path, base: dict[str, str], platform: Platform | None = None
+) -> dict[str, str]:
+    """The local server's environment (pure): the bench's own, per-run temp and cache dirs."""
+    env = dict(base)
+    env.update(TMPDIR=str(scratch / "tmp"), VLLM_CACHE_ROOT=str(scratch / "cache"))
+    env.update(server_env(cell, server, platform or Platform(name=cell.platform)))
+    return image_env(cell.image, env)
 
 
 class BootError(Exception):
     """The server did not become healthy; the outcome says how."""
 
 
-class ServerProcess:
-    """One server process group: started in __enter__, reaped in __exit__ whatever happened.
+class Handle(Protocol):
+    """A started server, whatever it runs in."""
 
-    ``outcome`` is filled in as the life goes on and is complete once the context exits.
-    """
+    def poll(self) -> int | None: ...  # exit code once it has exited
+    def signal(self, sig: signal.Signals) -> None: ...  # to every process of the server
+    def wait(self, timeout: float | None) -> int | None: ...  # exit code, None on time-out
+    def log_size(self) -> int: ...  # bytes of log captured so far
+    def identity(self) -> str | None: ...  # the image id a container runs; None for processes
+    def cleanup(self) -> None: ...  # reap stragglers, remove what was created; idempotent
+
+
+class Server:
+    """Drives one server's life through a Handle; ``outcome`` is complete once the context exits."""
 
     def __init__(
         self,
-        argv: list[str],
-        env: dict[str, str],
-        run_dir: Path,
-        scratch: Path,
+        start: Callable[[], Handle],
+        command: list[str],
         port: int,
+        log_path: Path,
         boot_timeout_s: float,
         shutdown_timeout_s: float,
         health_path: str = "/health",
     ):
-        self.argv = argv
-        self.env = env
-        self.run_dir = run_dir
-        self.scratch = scratch
+        self._start_handle = start
         self.port = port
+        self.log_path = log_path
         self.boot_timeout_s = boot_timeout_s
         self.shutdown_timeout_s = shutdown_timeout_s
         self.health_url = f"http://{HOST}:{port}{health_path}"
-        self.log_path = run_dir / "server.log"
-        self.proc: subprocess.Popen | None = None
-        self.outcome = ServerOutcome(
-            command=argv, port=port, log_path=str(self.log_path), started_at=time.time()
-        )
+        self.handle: Handle | None = None
+        self.outcome = ServerOutcome(command=command, port=port, log_path=str(log_path), started_at=time.time())
 
     @property
     def base_url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def __enter__(self) -> ServerProcess:
+    def _update(self, **fields) -> None:
+        self.outcome = self.outcome.model_copy(update=fields)
+
+    def __enter__(self) -> Server:
         try:
             self._start()
             self._wait_healthy()
@@ -133,52 +160,36 @@ class ServerProcess:
         self._stop()
 
     def _start(self) -> None:
-        (self.scratch / "tmp").mkdir(parents=True, exist_ok=True)
-        (self.scratch / "cache").mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            try:
-                # Its own session, so the terminal's Ctrl-C reaches only the bench, which then
-                # stops the whole group in order; and so that killpg reaches the engine's children.
-                self.proc = subprocess.Popen(
-                    self.argv,
-                    env=self.env,
-                    cwd=self.run_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:  # e.g. the image's python does not exist
-                self.outcome = self.outcome.model_copy(update={"start_error": f"cannot start {self.argv[0]}: {exc}"})
-                raise BootError(self.outcome.start_error) from None
-        self.outcome = self.outcome.model_copy(update={"started_at": time.time()})
+        try:
+            self.handle = self._start_handle()
+        except StartError as exc:
+            self._update(start_error=str(exc))
+            raise BootError(str(exc)) from None
+        self._update(started_at=time.time(), image_id=self.handle.identity())
 
     def _wait_healthy(self) -> None:
-        assert self.proc is not None
+        assert self.handle is not None
         start = time.monotonic()
         deadline = start + self.boot_timeout_s
         with httpx.Client(timeout=httpx.Timeout(2.0)) as client:
             while True:
-                code = self.proc.poll()
+                code = self.handle.poll()
                 if code is not None:
-                    self.outcome = self.outcome.model_copy(
-                        update={"exited_early_code": code, "boot_error": f"exited with code {code} during boot"}
-                    )
+                    self._update(exited_early_code=code, boot_error=f"exited with code {code} during boot")
                     raise BootError(self.outcome.boot_error)
                 try:
                     if client.get(self.health_url).status_code == 200:
-                        self.outcome = self.outcome.model_copy(update={"boot_s": time.monotonic() - start})
+                        self._update(boot_s=time.monotonic() - start)
                         return
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() >= deadline:
-                    msg = f"not healthy after {self.boot_timeout_s:g} s"
-                    self.outcome = self.outcome.model_copy(update={"boot_error": msg})
-                    raise BootError(msg)
+                    self._update(boot_error=f"not healthy after {self.boot_timeout_s:g} s")
+                    raise BootError(self.outcome.boot_error)
                 time.sleep(_POLL_S)
 
     def _stop(self) -> None:
-        # A second Ctrl-C must not cut the clean-up short: hold signals until the group is reaped.
+        # A second Ctrl-C must not cut the clean-up short: hold signals until the server is gone.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             self._reap()
@@ -186,65 +197,111 @@ class ServerProcess:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _reap(self) -> None:
-        proc = self.proc
-        if proc is None or self.outcome.exit_code is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
+        handle = self.handle
+        if handle is None or self.outcome.exit_code is not None:
             return
-        early = proc.poll()
-        update: dict = {}
-        if early is not None and self.outcome.exited_early_code is None:
-            update["exited_early_code"] = early
-        update["stop_requested_at_byte"] = self.log_path.stat().st_size if self.log_path.exists() else 0
-        start = time.monotonic()
-        killed = False
-        if early is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            early = handle.poll()
+            if early is not None and self.outcome.exited_early_code is None:
+                self._update(exited_early_code=early)
+            self._update(stop_requested_at_byte=handle.log_size())
+            start = time.monotonic()
+            killed = False
+            code = early
+            if early is None:
+                handle.signal(signal.SIGTERM)
+                code = handle.wait(self.shutdown_timeout_s)
+                if code is None:
+                    killed = True
+                    handle.signal(signal.SIGKILL)
+                    code = handle.wait(None)
+            self._update(exit_code=code, killed=killed, shutdown_s=time.monotonic() - start)
+        finally:
+            handle.cleanup()
+
+
+class StartError(Exception):
+    """The server could not even be started (no such interpreter, no such image ...)."""
+
+
+class ProcessGroup:
+    """A Handle on a local process started in its own session, and its scratch folder."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scratch: Path):
+        self.log_path = log_path
+        self.scratch = scratch
+        for d in ("tmp", "cache"):
+            (scratch / d).mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
             try:
-                proc.wait(timeout=self.shutdown_timeout_s)
-            except subprocess.TimeoutExpired:
-                killed = True
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
+                # Its own session, so the terminal's Ctrl-C reaches only the bench, which then
+                # stops the whole group in order, and killpg reaches the engine's children too.
+                self.proc = subprocess.Popen(
+                    argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            except OSError as exc:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise StartError(f"cannot start {argv[0]}: {exc}") from None
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def identity(self) -> str | None:
+        return None
+
+    def cleanup(self) -> None:
         # The leader may be gone while children linger (an engine core, a resource tracker).
-        _signal_group(proc.pid, signal.SIGKILL)
-        update.update(exit_code=proc.returncode, killed=killed, shutdown_s=time.monotonic() - start)
-        self.outcome = self.outcome.model_copy(update=update)
+        self.signal(signal.SIGKILL)
+        if self.proc.poll() is None:
+            self.proc.wait()
         # Sockets and compile caches are per run and worthless afterwards; the log stays.
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
 class Launcher(Protocol):
-    def server(self, cell: Cell, run_dir: Path) -> ServerProcess: ...
+    def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server: ...
+    def fingerprint(self, image: Image) -> Fingerprint: ...
 
 
 class LocalLauncher:
     """The built-in default: `vllm serve` from the image's Python on this host."""
 
-    def __init__(self, server: ServerConfig, base_env: dict[str, str] | None = None):
-        self.config = server
+    def __init__(self, config: Config, base_env: dict[str, str] | None = None):
+        self.config = config
         self.base_env = dict(os.environ if base_env is None else base_env)
 
-    def server(self, cell: Cell, run_dir: Path) -> ServerProcess:
+    def fingerprint(self, image: Image) -> Fingerprint:
+        return fingerprint(image, image_env(image, self.base_env))
+
+    def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server:
         port = free_port()
-        # vLLM binds ZMQ ipc sockets in TMPDIR and a socket path may not exceed 107 bytes, so the
-        # scratch space is a short path of its own rather than a folder under the results.
-        scratch = Path(tempfile.mkdtemp(prefix="regbench-"))
-        env = vllm_env(cell, self.config, scratch, self.base_env)
-        # A label every process of the server inherits, so leftovers can be found by it.
-        env[RUN_LABEL] = str(run_dir)
-        return ServerProcess(
-            argv=vllm_argv(cell, self.config, port),
-            env=env,
-            run_dir=run_dir,
-            scratch=scratch,
-            port=port,
-            boot_timeout_s=self.config.boot_timeout_s,
-            shutdown_timeout_s=self.config.shutdown_timeout_s,
-        )
+        server = self.config.server
+        argv = vllm_argv(cell, server, port)
+        log_path = run_dir / "server.log"
+
+        def start() -> ProcessGroup:
+            # vLLM binds ZMQ ipc sockets in TMPDIR and a socket path may not exceed 107 bytes,
+            # so the scratch space is a short path of its own, not a folder under the results.
+            scratch = Path(tempfile.mkdtemp(prefix="regbench-"))
+            env = vllm_env(cell, server, scratch, self.base_env, self.config.profile(cell.platform))
+            # A label every process of the server inherits, so leftovers can be found by it.
+            env[RUN_LABEL] = str(run_dir)
+            return ProcessGroup(argv, env, run_dir, log_path, scratch)
+
+        return Server(start, argv, port, log_path, server.boot_timeout_s, server.shutdown_timeout_s)

@@ -53,6 +53,7 @@ class ServerOutcome(Record):
     exited_early_code: int | None = None  # exit code if it died before we asked it to stop
     stop_requested_at_byte: int | None = None  # log offset where the shutdown phase begins
     exit_code: int | None = None
+    image_id: str | None = None  # what actually ran, for containers
     killed: bool = False  # needed SIGKILL after the grace period
     shutdown_s: float | None = None
 
@@ -83,6 +84,9 @@ class Fingerprint(Record):
     """Versions inside the environment that served a cell, and the host it ran on."""
 
     image: str
+    image_ref: str | None = None  # containers: the reference asked for, the image id and the
+    image_id: str | None = None  # registry digest it resolved to (None for local builds)
+    image_digest: str | None = None
     python: str | None = None
     vllm: str | None = None
     runai_model_streamer: str | None = None
@@ -92,6 +96,40 @@ class Fingerprint(Record):
     cpu: str | None = None
     gpu: str | None = None
     error: str | None = None
+    image_digest: str | None = None  # a container image's digest, where a launcher knows it
+
+
+class TokenDiff(Record):
+    """Where one output's token ids first differ from a reference output for the same prompt."""
+
+    prompt_id: str
+    repeat: int  # the run whose output differs
+    position: int  # first differing token, 0 = the very first; a length difference counts
+    reference_repeat: int | None = None  # within-cell comparisons: the repeat compared with
+
+
+class RunResult(Record):
+    """One judged run of a cell: its own findings' reasons plus its divergence from the baseline."""
+
+    repeat: int
+    reasons: list[str] = []  # sorted, one entry per reason; empty = the run passed
+    divergence: list[TokenDiff] = []  # against the baseline cell's first clean run
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.reasons)
+
+
+class LogExcerpt(Record):
+    """A few KB of a run's server.log around a finding, read when reports are written."""
+
+    cell_id: str
+    repeat: int
+    log_path: str  # relative to the results folder, as in ServerOutcome.log_path
+    start_byte: int
+    end_byte: int
+    text: str
+    why: str  # what the excerpt is around, e.g. "first unexpected exit-time episode"
 
 
 class CellSummary(Record):
@@ -107,6 +145,16 @@ class CellSummary(Record):
     reasons: dict[str, int]  # reason -> number of runs showing it
     divergence_positions: list[int] = []  # first differing token position per diverging prompt/run
     example: str | None = None  # one finding's detail, for the table
+    # Wilson 95 % interval of the failure rate failures/runs; None when no run was judged.
+    failure_rate_interval: tuple[float, float] | None = None
+    # Outputs that differ between repeats of this cell (each repeat against the cell's first
+    # clean run). Reported on its own: it does not change the verdict.
+    nondeterminism: list[TokenDiff] = []
+    run_results: list[RunResult] = []
+
+    @property
+    def nondeterministic(self) -> bool:
+        return bool(self.nondeterminism)
 
 
 class Summary(Record):

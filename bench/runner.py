@@ -15,9 +15,8 @@ from typing import Protocol
 
 from bench.client import run_workload
 from bench.config import Config
-from bench.fingerprint import fingerprint
 from bench.judge import judge_run
-from bench.launch import BootError, Launcher, LocalLauncher, image_env
+from bench.launch import BootError, Launcher, LocalLauncher
 from bench.matrix import Cell
 from bench.records import RunRecord, Summary
 from bench.report import markdown, summarize
@@ -43,7 +42,7 @@ def run_one(
     """One fresh server: boot, send the workload, stop, judge. KeyboardInterrupt propagates
     after the server is down and an interrupted run record is on disk."""
     run_dir = results.run_dir(cell.id, repeat)
-    server = launcher.server(cell, run_dir)
+    server = launcher.server(cell, repeat, run_dir)
     requests = []
     requests_s = None
     interrupted = False
@@ -82,6 +81,14 @@ def run_one(
     return record
 
 
+def make_launcher(config: Config, run_id: str) -> Launcher:
+    if config.launcher == "docker":
+        from bench.launch_docker import DockerLauncher
+
+        return DockerLauncher(config, run_id)
+    return LocalLauncher(config)
+
+
 def run_matrix(
     config: Config,
     cells: list[Cell],
@@ -89,7 +96,7 @@ def run_matrix(
     launcher: Launcher | None = None,
     progress: Progress | None = None,
 ) -> Summary:
-    launcher = launcher or LocalLauncher(config.server)
+    launcher = launcher or make_launcher(config, results.path.name)
     progress = progress or NoProgress()
     started = time.time()
     interrupted = False
@@ -97,7 +104,7 @@ def run_matrix(
     try:
         for image in {c.image.name: c.image for c in cells}.values():
             progress.status(f"fingerprint of {image.name}")
-            results.add_fingerprint(fingerprint(image, image_env(image, dict(os.environ))))
+            results.add_fingerprint(launcher.fingerprint(image))
         for cell in cells:
             for repeat in range(1, cell.repeats + 1):
                 progress.run_done(run_one(config, cell, repeat, launcher, results, progress.status))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.config import parse_config
-from bench.launch import BootError, ServerProcess, free_port, vllm_argv, vllm_env
+from bench.launch import BootError, ProcessGroup, Server, free_port, vllm_argv, vllm_env
 from bench.matrix import expand
 
 FAKE = str(Path(__file__).parent / "fakeproc.py")
@@ -23,24 +23,33 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def proc(tmp_path: Path, mode: str, boot: float = 10, shutdown: float = 5) -> ServerProcess:
-    port = free_port()
+def server(argv: list[str], tmp_path: Path, port: int, boot: float = 10, shutdown: float = 5) -> Server:
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
-    return ServerProcess([sys.executable, FAKE, str(port), mode], dict(os.environ), run_dir,
-                         tmp_path / "scratch", port, boot, shutdown)
+    log = run_dir / "server.log"
+    scratch = tmp_path / "scratch"
+    return Server(lambda: ProcessGroup(argv, dict(os.environ), run_dir, log, scratch), argv, port, log, boot, shutdown)
+
+
+def proc(tmp_path: Path, mode: str, boot: float = 10, shutdown: float = 5) -> Server:
+    port = free_port()
+    return server([sys.executable, FAKE, str(port), mode], tmp_path, port, boot, shutdown)
+
+
+def log_of(p: Server) -> str:
+    return p.log_path.read_text()
 
 
 def test_healthy_then_stopped_cleanly(tmp_path):
     p = proc(tmp_path, "ok")
     with p:
         assert p.outcome.boot_s is not None
-        pid = p.proc.pid
+        pid = p.handle.proc.pid
         assert alive(pid)
     assert not alive(pid)
     assert p.outcome.exit_code == -15 and not p.outcome.killed  # our fake dies of SIGTERM
-    assert "fakeproc ok" in (p.run_dir / "server.log").read_text()
-    assert not p.scratch.exists()
+    assert "fakeproc ok" in log_of(p)
+    assert not (tmp_path / "scratch").exists()
 
 
 def test_exit_during_boot_is_reported_with_its_code(tmp_path):
@@ -48,20 +57,20 @@ def test_exit_during_boot_is_reported_with_its_code(tmp_path):
     with pytest.raises(BootError):
         p.__enter__()
     assert p.outcome.exited_early_code == 3 and p.outcome.boot_s is None
-    assert "model path missing" in (p.run_dir / "server.log").read_text()
+    assert "model path missing" in log_of(p)
 
 
 def test_boot_deadline_kills_the_server(tmp_path):
     p = proc(tmp_path, "never-healthy", boot=1.5)
     with pytest.raises(BootError, match="not healthy after 1.5 s"):
         p.__enter__()
-    assert not alive(p.proc.pid)
+    assert not alive(p.handle.proc.pid)
 
 
 def test_sigterm_ignored_means_sigkill_after_grace(tmp_path):
     p = proc(tmp_path, "ignore-term", shutdown=1)
     with p:
-        pid = p.proc.pid
+        pid = p.handle.proc.pid
     assert p.outcome.killed and p.outcome.exit_code == -9
     assert not alive(pid)
 
@@ -69,7 +78,7 @@ def test_sigterm_ignored_means_sigkill_after_grace(tmp_path):
 def test_children_of_the_server_are_reaped_too(tmp_path):
     p = proc(tmp_path, "children")
     with p:
-        log = (p.run_dir / "server.log").read_text()
+        log = log_of(p)
         child = int(re.search(r"child pid=(\d+)", log).group(1))
         assert alive(child)
     assert not alive(child)
@@ -79,7 +88,7 @@ def test_an_exception_in_the_with_block_still_stops_the_server(tmp_path):
     p = proc(tmp_path, "ok")
     with pytest.raises(KeyboardInterrupt):
         with p:
-            pid = p.proc.pid
+            pid = p.handle.proc.pid
             raise KeyboardInterrupt
     assert not alive(pid)
 
@@ -88,7 +97,7 @@ def test_shutdown_phase_offset_marks_what_was_printed_after_stop(tmp_path):
     p = proc(tmp_path, "noisy-exit")
     with p:
         pass
-    log = (p.run_dir / "server.log").read_bytes()
+    log = p.log_path.read_bytes()
     after = log[p.outcome.stop_requested_at_byte :].decode()
     assert "UnicodeDecodeError" in after and "fakeproc" not in after
 
@@ -111,8 +120,38 @@ def test_vllm_command_and_environment(minimal):
 
 
 def test_a_command_that_cannot_start_is_a_boot_failure(tmp_path):
-    p = ServerProcess([str(tmp_path / "no-python"), "-m", "vllm"], dict(os.environ), tmp_path, tmp_path / "s",
-                      free_port(), 5, 5)
+    p = server([str(tmp_path / "no-python"), "-m", "vllm"], tmp_path, free_port())
     with pytest.raises(BootError, match="cannot start"):
         p.__enter__()
-    assert p.outcome.start_error and not (tmp_path / "s").exists()
+    assert p.outcome.start_error and not (tmp_path / "scratch").exists()
+
+
+def test_container_options_of_a_platform_and_secrets_by_name(minimal):
+    from bench.config import Platform
+    from bench.launch_docker import container_env, labels, run_options
+
+    minimal["launcher"] = "docker"
+    minimal["images"][0].update(ref="vllm/vllm-openai:v0.18.1", pythonpath=["/overlay"])
+    minimal["server"] = {"env_passthrough": ["HF_TOKEN", "NOT_SET"]}
+    config = parse_config(minimal)
+    cell = expand(config)[0]
+    env = container_env(cell, config, {"HF_TOKEN": "hf_secret", "OTHER": "x"})
+    assert env["HF_TOKEN"] == "hf_secret" and "OTHER" not in env and "NOT_SET" not in env
+    assert env["PYTHONPATH"] == "/opt/regbench/overlay/0" and env["VLLM_HOST_IP"] == "127.0.0.1"
+    spark = Platform.model_validate({"name": "spark", "docker": {"gpus": "all", "ipc_host": True, "shm_size": "16g",
+                                     "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}]}})
+    opts = run_options(spark)
+    assert opts["network_mode"] == "host" and opts["ipc_mode"] == "host" and opts["shm_size"] == "16g"
+    assert opts["device_requests"][0]["Count"] == -1 and opts["ulimits"][0]["Name"] == "memlock"
+    thor = run_options(Platform.model_validate({"name": "thor", "docker": {"runtime": "nvidia"}}))
+    assert thor["runtime"] == "nvidia" and "device_requests" not in thor
+    assert labels("r1", cell.id, 2) == {"org.regbench": "1", "org.regbench.run": "r1",
+                                         "org.regbench.cell": cell.id, "org.regbench.repeat": "2"}
+
+
+def test_docker_launcher_needs_image_refs(minimal):
+    from bench.config import ConfigError
+
+    minimal["launcher"] = "docker"
+    with pytest.raises(ConfigError, match="needs `ref`"):
+        parse_config(minimal)

@@ -1,0 +1,261 @@
+"""Launch in containers: the same Server life as the local launcher, on the docker SDK.
+
+On GPU hosts vLLM runs from images (`vllm/vllm-openai:<tag>`, nightlies, NGC); the image axis
+of the matrix only means something if the bench starts exactly that image and records exactly
+what ran. Each server is one container:
+  - host networking, the server bound to 127.0.0.1 on a free port (no traffic to any bridge);
+  - the platform profile's accelerator access (a `--gpus`-style device request, or the
+    `nvidia` runtime on Jetson), ipc=host, shm size (vLLM's engine dies with docker's 64 MiB
+    default), ulimits;
+  - the model folder mounted read-only, the image's overlay folders mounted read-only and put
+    first on PYTHONPATH, an optional hub cache;
+  - environment variables passed by name from the bench's environment: their values go into
+    the container and nowhere else (not the outcome, not the log, not the results);
+  - labels with the run id and cell id, so `regbench clean` can find leftovers;
+  - the container's whole output streamed to the run's log from the first line, through the
+    shutdown, because exit-time errors only show there;
+  - SIGTERM, the grace period, SIGKILL; the exit code read, then the container removed.
+Creating and starting are separate steps so that a container that failed to start is removed
+too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.types
+import requests.exceptions
+
+from bench.config import Config, Image, Platform
+from bench.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
+from bench.launch import HOST, Server, StartError, free_port, serve_args, server_env
+from bench.matrix import Cell
+from bench.records import Fingerprint
+
+LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
+MODEL_ROOT = "/models"
+OVERLAY_ROOT = "/opt/regbench/overlay"
+HUB_CACHE = "/root/.cache/huggingface"
+ENTRYPOINT = ["python3", "-m", "vllm.entrypoints.cli.main"]
+
+
+class DockerUnavailable(Exception):
+    """No engine answers; the message says how to start one."""
+
+
+def client() -> docker.DockerClient:
+    try:
+        c = docker.from_env(timeout=120)
+        c.ping()
+        return c
+    except docker.errors.DockerException as exc:
+        raise DockerUnavailable(
+            f"no Docker engine answers ({exc}); start one (scripts/setup-docker.sh does it here)"
+        ) from None
+
+
+def container_model_path(cell: Cell) -> str:
+    """Where the model is seen inside the container: a local folder is mounted, a hub id is not."""
+    return f"{MODEL_ROOT}/{cell.model.name}" if os.path.isdir(cell.model.path) else cell.model.path
+
+
+def mounts(cell: Cell, hub_cache: str | None) -> dict[str, dict[str, str]]:
+    volumes = {}
+    if os.path.isdir(cell.model.path):
+        volumes[cell.model.path] = {"bind": container_model_path(cell), "mode": "ro"}
+    for i, path in enumerate(cell.image.pythonpath):
+        volumes[path] = {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"}
+    if hub_cache:
+        volumes[hub_cache] = {"bind": HUB_CACHE, "mode": "rw"}
+    return volumes
+
+
+def container_env(cell: Cell, config: Config, host_env: dict[str, str]) -> dict[str, str]:
+    """The container's environment (pure): the cell's variables, the overlay, and the values of
+    the passed-through names that are set on the host."""
+    env = server_env(cell, config.server, config.profile(cell.platform))
+    if cell.image.pythonpath:
+        env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(cell.image.pythonpath)))
+    for name in config.server.env_passthrough:
+        if name in host_env:
+            env[name] = host_env[name]
+    return env
+
+
+def run_options(platform: Platform) -> dict:
+    """docker-py `containers.create` options of a platform profile (pure)."""
+    d = platform.docker
+    opts: dict = {"network_mode": "host", "shm_size": d.shm_size}
+    if d.ipc_host:
+        opts["ipc_mode"] = "host"
+    if d.runtime:
+        opts["runtime"] = d.runtime
+    if d.gpus != "none":
+        count = -1 if d.gpus == "all" else int(d.gpus)
+        opts["device_requests"] = [docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])]
+    if d.ulimits:
+        opts["ulimits"] = [docker.types.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in d.ulimits]
+    return opts
+
+
+def labels(run_id: str, cell_id: str, repeat: int | None) -> dict[str, str]:
+    out = {LABEL: "1", f"{LABEL}.run": run_id, f"{LABEL}.cell": cell_id}
+    if repeat is not None:
+        out[f"{LABEL}.repeat"] = str(repeat)
+    return out
+
+
+def ensure_image(c: docker.DockerClient, image: Image) -> docker.models.images.Image:
+    """Applies the pull policy; raises StartError when the image cannot be had."""
+    assert image.ref is not None
+    try:
+        if image.pull == "always":
+            return c.images.pull(image.ref)
+        try:
+            return c.images.get(image.ref)
+        except docker.errors.ImageNotFound:
+            if image.pull == "never":
+                raise StartError(f"image {image.ref} is not present and pull is 'never'") from None
+            return c.images.pull(image.ref)
+    except docker.errors.APIError as exc:
+        raise StartError(f"image {image.ref}: {exc.explanation or exc}") from None
+
+
+def image_identity(img: docker.models.images.Image) -> tuple[str, str | None]:
+    """(image id, repo digest): locally built images have an id but no registry digest."""
+    digests = img.attrs.get("RepoDigests") or []
+    return img.id, (digests[0] if digests else None)
+
+
+class Container:
+    """A Handle on one running container, its output streamed to the log file."""
+
+    def __init__(self, c: docker.DockerClient, ref: str, command: list[str], create: dict, log_path: Path):
+        self.log_path = log_path
+        self.container = None
+        try:
+            self.container = c.containers.create(ref, command=command, entrypoint=ENTRYPOINT, detach=True, **create)
+            self.container.start()
+        except docker.errors.APIError as exc:
+            self.cleanup()
+            raise StartError(f"cannot start a container of {ref}: {exc.explanation or exc}") from None
+        self._log_thread = threading.Thread(target=self._stream_logs, daemon=True)
+        self._log_thread.start()
+
+    def _stream_logs(self) -> None:
+        with open(self.log_path, "ab") as f:
+            try:
+                for chunk in self.container.logs(stream=True, follow=True):
+                    f.write(chunk)
+                    f.flush()
+            except (docker.errors.APIError, requests.exceptions.RequestException):
+                pass  # the container is gone; everything it printed was written
+
+    def poll(self) -> int | None:
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return -1
+        if self.container.status in ("exited", "dead"):
+            return int(self.container.attrs["State"]["ExitCode"])
+        return None
+
+    def signal(self, sig: signal.Signals) -> None:
+        try:
+            self.container.kill(signal=sig.name)
+        except docker.errors.APIError:
+            pass  # not running any more
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            return int(self.container.wait(timeout=timeout)["StatusCode"])
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            return None
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def identity(self) -> str | None:
+        return self.container.image.id if self.container is not None else None
+
+    def cleanup(self) -> None:
+        if self.container is None:
+            return
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        thread = getattr(self, "_log_thread", None)
+        if thread is not None:
+            thread.join(timeout=10)
+
+
+class DockerLauncher:
+    def __init__(self, config: Config, run_id: str, docker_client: docker.DockerClient | None = None,
+                 host_env: dict[str, str] | None = None):
+        self.config = config
+        self.run_id = run_id
+        self.docker = docker_client or client()
+        self.host_env = dict(os.environ if host_env is None else host_env)
+
+    def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server:
+        port = free_port()
+        command = serve_args(cell, self.config.server, port, container_model_path(cell))
+        log_path = run_dir / "server.log"
+        create = dict(
+            run_options(self.config.profile(cell.platform)),
+            environment=container_env(cell, self.config, self.host_env),
+            volumes=mounts(cell, self.config.server.hub_cache),
+            labels=labels(self.run_id, cell.id, repeat),
+        )
+
+        def start() -> Container:
+            img = ensure_image(self.docker, cell.image)
+            return Container(self.docker, img.id, command, create, log_path)
+
+        return Server(start, [cell.image.ref or "", *command], port, log_path,
+                      self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s)
+
+    def fingerprint(self, image: Image) -> Fingerprint:
+        """The probe run inside the image, with the image's overlay; a failure is recorded."""
+        host = dict(image=image.name, cpu=host_cpu(), gpu=host_gpu())
+        container = None
+        try:
+            img = ensure_image(self.docker, image)
+            image_id, digest = image_identity(img)
+            host.update(image_ref=image.ref, image_id=image_id, image_digest=digest)
+            env = dict(image.env)
+            if image.pythonpath:
+                env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(image.pythonpath)))
+            volumes = {p: {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"} for i, p in enumerate(image.pythonpath)}
+            container = self.docker.containers.create(
+                img.id, entrypoint=["python3", "-c", PROBE], environment=env, volumes=volumes,
+                network_mode="host", labels=labels(self.run_id, f"fingerprint-{image.name}", None),
+            )
+            container.start()
+            container.wait(timeout=120)
+            out = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+            return parse_probe(out, host)
+        except (StartError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            return Fingerprint(**host, error=f"probe failed: {exc}")
+        finally:
+            if container is not None:
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+
+
+def clean(docker_client: docker.DockerClient, run_id: str | None = None) -> list[str]:
+    """Removes regbench's containers (of one run, or all); returns their names."""
+    label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
+    removed = []
+    for c in docker_client.containers.list(all=True, filters={"label": label}):
+        c.remove(force=True)
+        removed.append(c.name)
+    return removed

@@ -1,0 +1,156 @@
+"""End to end in containers, on a real Docker engine with the locally built vllm-cpu images.
+
+Slow tier: each test boots vLLM in containers (~35 s each). scripts/setup.sh starts the engine
+and builds the images.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+import yaml
+
+from bench.launch_docker import LABEL
+from bench.records import RunRecord, Summary
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "cpu-smoke-docker.yaml"
+pytestmark = pytest.mark.slow
+STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return docker.from_env()
+
+
+def containers_of(engine, run_id: str) -> list:
+    return engine.containers.list(all=True, filters={"label": f"{LABEL}.run={run_id}"})
+
+
+def regbench(*args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def one_cell(tmp_path: Path, **workload) -> Path:
+    data = yaml.safe_load(SMOKE.read_text())
+    data["repeats"] = 1
+    data["include"] = [{"load_format": "safetensors", "image": "streamer-0.17.0"}]
+    data["models"][0]["path"] = str(ROOT / ".cache" / "models" / "tiny-canary")
+    data["workload"].update(workload)
+    f = tmp_path / "one.yaml"
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    token = "hf_" + secrets.token_hex(16)
+    env = dict(os.environ, HF_TOKEN=token)
+    p = regbench("run", str(SMOKE), "--results", str(results), "--run-id", "dsmoke", env=env)
+    output, _ = p.communicate(timeout=2400)
+    return p.returncode, output, results / "dsmoke", token
+
+
+def test_docker_smoke_gives_the_same_verdicts_as_the_local_launcher(smoke, engine):
+    code, output, run_dir, _ = smoke
+    assert code == 1, output
+    cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
+    bug = cells.pop(STREAMER_BUG)
+    assert (bug.verdict, bug.failures, bug.runs) == ("fail", 2, 2)
+    assert {"empty_text", "degenerate", "divergence"} <= set(bug.reasons)
+    assert set(bug.divergence_positions) == {0}
+    assert all((c.verdict, c.runs) == ("pass", 2) for c in cells.values()), cells
+    assert containers_of(engine, "dsmoke") == []
+
+
+def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):
+    _, _, run_dir, _ = smoke
+    prints = {f["image"]: f for f in map(json.loads, (run_dir / "fingerprint.jsonl").read_text().splitlines())}
+    for name, version in (("streamer-0.16.0", "0.16.0"), ("streamer-0.17.0", "0.17.0")):
+        f = prints[name]
+        assert f["runai_model_streamer"] == version and f["vllm"].startswith("0.32.0")
+        assert f["torch"] == "2.13.0+cpu" and f["image_ref"] == f"regbench/vllm-cpu:0.32.0-streamer-{version}"
+        assert f["image_id"] == engine.images.get(f["image_ref"]).id
+    runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
+    for r in runs:
+        expected = prints[r.cell_id.rsplit("__", 1)[1]]["image_id"]
+        assert r.server.image_id == expected
+        assert r.server.exit_code == 0 and not r.server.killed  # SIGTERM reached vLLM in the container
+        assert "[shutdown]" in (run_dir / r.server.log_path).read_text()  # logs through the shutdown
+
+
+def test_a_secret_passed_by_name_is_in_no_file(smoke):
+    _, _, run_dir, token = smoke
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert len(files) > 10
+    for p in files:
+        assert token.encode() not in p.read_bytes(), p
+
+
+def test_boot_failure_leaves_no_container(tmp_path, engine):
+    config = one_cell(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    data["models"][0]["path"] = "no-such-org/no-such-model"  # a hub id, offline: vLLM exits
+    config.write_text(yaml.safe_dump(data))
+    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "dboot")
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 1, output
+    (cell,) = Summary.model_validate_json((tmp_path / "res" / "dboot" / "summary.json").read_text()).cells
+    assert cell.reasons == {"boot_failed": 1}, cell
+    assert containers_of(engine, "dboot") == []
+
+
+def wait_for(predicate, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.3)
+
+
+def test_a_crash_while_serving_is_server_died_and_leaves_no_container(tmp_path, engine):
+    prompts = [{"id": f"p{i}", "prompt": f"def f{i}():"} for i in range(12)]
+    config = one_cell(tmp_path, prompts=prompts, concurrency=1)
+    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "dcrash")
+    log = tmp_path / "res" / "dcrash" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
+    wait_for(lambda: log.exists() and "POST /v1/completions" in log.read_text())
+    (container,) = containers_of(engine, "dcrash")
+    container.kill()  # the whole server dies mid-workload
+    output, _ = p.communicate(timeout=300)
+    assert p.returncode == 1, output
+    (cell,) = Summary.model_validate_json((tmp_path / "res" / "dcrash" / "summary.json").read_text()).cells
+    assert "server_died" in cell.reasons and "connection_error" in cell.reasons, cell
+    assert containers_of(engine, "dcrash") == []
+
+
+def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine):
+    p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dint")
+    wait_for(lambda: any(c.status == "running" for c in containers_of(engine, "dint")))
+    time.sleep(5)  # well into vLLM's boot
+    p.send_signal(signal.SIGINT)
+    output, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, output
+    assert containers_of(engine, "dint") == []
+
+
+def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine):
+    p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dkill")
+    wait_for(lambda: any(c.status == "running" for c in containers_of(engine, "dkill")))
+    p.kill()  # SIGKILL: the bench gets no chance to clean up
+    p.communicate(timeout=60)
+    assert containers_of(engine, "dkill"), "the container should have outlived the bench"
+    out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "dkill"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "removed 1 container" in out.stdout, out
+    assert containers_of(engine, "dkill") == []
