@@ -25,7 +25,8 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   echo "starting dockerd (log: $LOG_DIR/dockerd.log)"
-  nohup dockerd >"$LOG_DIR/dockerd.log" 2>&1 &
+  # Detached and with no inherited stdio, so that it never holds a CI job's output open.
+  setsid nohup dockerd </dev/null >"$LOG_DIR/dockerd.log" 2>&1 &
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { tail -20 "$LOG_DIR/dockerd.log"; echo "dockerd did not start" >&2; exit 1; }
 fi
@@ -51,7 +52,7 @@ if ! docker image inspect "$CPU_IMAGE" >/dev/null 2>&1; then
   trap 'rm -rf "$ctx"' EXIT
   cp "$ROOT/docker/vllm-cpu.Dockerfile" "$ctx/Dockerfile"
   # The CPU torch wheel lies in pip's configured local wheel folder on these machines; elsewhere
-  # the build fetches it from the PyTorch CPU index (TORCH_INDEX).
+  # set TORCH_INDEX (e.g. the PyTorch CPU wheel index) for the build to fetch it from.
   wheels=$(pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'/\1/p" | head -1)
   mkdir -p "$ctx/wheels"
   if [ -n "$wheels" ]; then
@@ -60,7 +61,8 @@ if ! docker image inspect "$CPU_IMAGE" >/dev/null 2>&1; then
   cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
   echo "building $CPU_IMAGE (about 4 min)"
   docker build --network host -q -t "$CPU_IMAGE" --build-arg BASE="$BASE" \
-    --build-arg VLLM_VERSION="$VLLM_VERSION" --build-arg TORCH_VERSION="$TORCH_WHEEL_VERSION" "$ctx" >/dev/null
+    --build-arg VLLM_VERSION="$VLLM_VERSION" --build-arg TORCH_VERSION="$TORCH_WHEEL_VERSION" \
+    --build-arg TORCH_INDEX="${TORCH_INDEX:-}" "$ctx" >/dev/null
   rm -rf "$ctx"
   trap - EXIT
 fi

