@@ -94,7 +94,8 @@ def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(
         if (fmt, image) == ("runai_streamer", "streamer-0.16.0"):
             assert all(len(set(o)) == 1 for o in outputs)
         else:
-            assert outputs == ids[("safetensors", "streamer-0.16.0", prompt)] * len(outputs)
+            reference = ids[("safetensors", "streamer-0.16.0", prompt)][0]
+            assert all(o == reference for o in outputs), (fmt, image, prompt)
     fingerprints = [json.loads(line) for line in (run_dir / "fingerprint.jsonl").read_text().splitlines()]
     assert {f["image"]: f["runai_model_streamer"] for f in fingerprints} == {
         "streamer-0.16.0": "0.16.0", "streamer-0.17.0": "0.17.0"
