@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -18,10 +19,15 @@ from bench.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.checkpoint import render as render_checkpoint
 from bench.config import ENV_NAME, ConfigError, load_config
 from bench.matrix import expand
-from bench.records import RunRecord, Summary
-from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, markdown, summarize, table
+from bench.records import RunRecord
+from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, table
 from bench.results import ResultsDir, new_run_id
-from bench.runner import run_matrix
+from bench.launch_docker import DockerUnavailable
+from bench.platforms import host_facts, select
+from bench.runner import make_launcher, run_matrix
+from bench.compare import AXES, compare, format_comparison
+from bench.publish import load_side, regenerate
+from bench.stats import detection_probability, percent_range, repeats_needed, wilson_interval
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # CI logs are not terminals; rich would wrap them at 80 columns.
@@ -73,13 +79,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for c in cells:
         role = "baseline" if c.is_baseline else (f"vs {c.baseline_id}" if c.baseline_id else "no baseline")
         t_lines.append(f"  {c.id}  [{role}]")
+    if args.detect is not None:
+        t_lines += ["", *_detection_lines(args.detect, args.confidence, config.repeats, len(cells))]
+    elif args.confidence is not None:
+        raise ConfigError("--confidence needs --detect P")
     print("\n".join(t_lines))
     return 0
 
 
+def _detection_lines(p: float, confidence: float | None, repeats: int, cells: int) -> list[str]:
+    confidence = 0.95 if confidence is None else confidence
+    try:
+        n = repeats_needed(p, confidence)
+        seen_now = detection_probability(p, repeats)
+    except ValueError as exc:
+        raise ConfigError(f"--detect/--confidence: {exc}") from None
+    return [
+        f"to see a failure that happens in {p:.0%} of fresh starts at least once with {confidence:.0%} "
+        f"probability: {n} repeats per cell ({cells} cells × {n} = {cells * n} fresh servers)",
+        f"the matrix has repeats: {repeats}, which sees it with {seen_now:.0%} probability; "
+        f"0 failures in {n} runs would put the failure rate at {percent_range(*wilson_interval(0, n))} (Wilson 95 %)",
+    ]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    cells = expand(config)
+    cells = select(expand(config), config, host_facts(), args.platform)
     run_id = args.run_id or new_run_id(config.name)
     if not RUN_ID.match(run_id):
         raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
@@ -89,10 +114,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"results directory {Path(args.results) / run_id} exists already") from None
     except OSError as exc:
         raise ConfigError(f"cannot create the results directory: {exc}") from None
+    try:
+        launcher = make_launcher(config, run_id)
+    except DockerUnavailable as exc:
+        raise ConfigError(str(exc)) from None
     _interrupt_on_sigterm()
     progress = RichProgress()
     try:
-        summary = run_matrix(config, cells, results, progress=progress)
+        summary = run_matrix(config, cells, results, launcher=launcher, progress=progress)
     finally:
         progress.stop()
     out.print(table(summary))
@@ -101,20 +130,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    results = ResultsDir(Path(args.dir))
-    if not (results.path / "config.yaml").exists():
-        raise ConfigError(f"{results.path}: not a regbench results directory (no config.yaml)")
-    config = results.config()
-    old = results.path / "summary.json"
-    previous = Summary.model_validate_json(old.read_text()) if old.exists() else None
-    summary = summarize(
-        results.path.name, config, expand(config), results.runs(), results.requests(),
-        previous.started_at if previous else 0.0, previous.finished_at if previous else 0.0,
-        previous.interrupted if previous else False,
-    )
-    results.write_summary(summary, markdown(summary, results.fingerprints()))
+    summary = regenerate(Path(args.dir))
     out.print(table(summary))
     return summary.exit_code
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    a, b = load_side(Path(args.a)), load_side(Path(args.b))
+    result = compare(a, b, ignore=frozenset(args.match_ignore))
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        for line in format_comparison(result):
+            out.print(line, highlight=False, markup=False)
+    return EXIT_FAIL if result.regressions else EXIT_PASS
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -175,20 +204,63 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_PASS if report.ok else EXIT_FAIL
 
 
+def cmd_clean(args: argparse.Namespace) -> int:
+    from bench.launch_docker import clean, client
+
+    try:
+        removed = clean(client(), args.run_id)
+    except DockerUnavailable as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"removed {len(removed)} container(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="regbench", description="End-to-end serving regression bench for vLLM.")
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="print the cells of a matrix without running anything")
     plan.add_argument("config")
+    plan.add_argument("--detect", type=float, metavar="P",
+                      help="also print the repeats needed to see a failure of rate P (0 < P <= 1) at least once")
+    plan.add_argument("--confidence", type=float, metavar="C",
+                      help="with --detect: the probability of seeing it (default 0.95); n = ceil(log(1-C)/log(1-P))")
     plan.set_defaults(func=cmd_plan)
     run = sub.add_parser("run", help="run a matrix: a fresh server per repeat of every cell")
     run.add_argument("config")
     run.add_argument("--results", default="results", help="parent folder of the run's results (default: results)")
     run.add_argument("--run-id", help="name of the run's folder (default: timestamp-name)")
+    run.add_argument("--platform", help="run this platform's cells (default: those of every profile this host matches)")
     run.set_defaults(func=cmd_run)
-    report = sub.add_parser("report", help="regenerate summary.json and summary.md from a results folder")
+    clean_p = sub.add_parser("clean", help="remove containers left behind by regbench (by label)")
+    clean_p.add_argument("--run-id", help="only those of this run (default: all of regbench's)")
+    clean_p.set_defaults(func=cmd_clean)
+    report = sub.add_parser(
+        "report", help="regenerate summary.json, summary.md, junit.xml and report.html from a results folder")
     report.add_argument("dir")
     report.set_defaults(func=cmd_report)
+    cmp = sub.add_parser(
+        "compare", help="compare two results folders (e.g. image tag N-1 and N); exit 1 on a regression",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Re-judges both results folders from their JSONL and compares them cell by cell.\n\n"
+            "Cells are matched by cell id (model__load-format__platform__image). When no cell id is\n"
+            "common to both (the same matrix run on another image tag), the image axis is ignored\n"
+            "automatically and cells are matched by model, load format and platform; --match-ignore\n"
+            "names the axes to leave out explicitly. A key matching two cells of one run is an error.\n\n"
+            "Reports verdict changes, new failure reasons, output divergence per prompt (first\n"
+            "differing token of each cell's first clean run) and fingerprint changes (vLLM,\n"
+            "runai-model-streamer, torch, ... and image digest).\n\n"
+            "Exit 1 on a regression: a matched cell that passed in A and fails or is flaky in B, or\n"
+            "that shows failure reasons in B it did not show in A. Exit 0 otherwise (cells only in\n"
+            "one run and output divergence alone are reported, not regressions); 2 on usage errors."
+        ),
+    )
+    cmp.add_argument("a", metavar="RESULTS_A", help="the reference run's results folder (e.g. the previous tag)")
+    cmp.add_argument("b", metavar="RESULTS_B", help="the run under test's results folder")
+    cmp.add_argument("--match-ignore", action="append", choices=AXES, default=[], metavar="AXIS",
+                     help=f"match cells without this axis ({', '.join(AXES)}); repeatable")
+    cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cmp.set_defaults(func=cmd_compare)
     insp = sub.add_parser("inspect", help="read a checkpoint's safetensors headers: shards, index, dtypes, #157 risk")
     insp.add_argument("ckpt", help="checkpoint directory")
     insp.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -218,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         err.print(f"regbench: {exc}", highlight=False, markup=False)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`regbench plan ... | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

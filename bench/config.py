@@ -213,6 +213,7 @@ class Config(Strict):
     exclude: list[CellFilter] = []
     workload: Workload
     server: Server = Server()
+    preflight: bool = True  # inspect and audit the weights before the cells (bench/preflight.py)
     # Filled in from configs/platforms/ by load_config; written out with the config as run.
     profiles: list[Platform] = []
 

@@ -25,13 +25,31 @@ Per run: one fresh server (judge_server)
                          of a normal vLLM shutdown (BENIGN_SHUTDOWN_NOISE)
     exit_code            the server's exit code after SIGTERM was not 0, or it had to be killed
 
+Per cell, before and across its runs (apply_cell_checks)
+    weights_lost         the pre-flight audit streamed the cell's checkpoint through the cell's
+                         environment and tensors went missing (counts in the detail): the cell
+                         fails even if no request was sent
+    fingerprint_changed  its repeats ran different images (container image ids differ): the
+                         runs are not repeats of one thing; a passing cell becomes flaky
+
 Per cell, against its baseline cell (divergence)
     divergence           token ids differ from the baseline cell's for the same prompt; the
                          detail names the first differing position (0 = the very first token)
 
-Per cell over its repeats (judge_cell): ``pass`` when no run has a finding, ``fail`` when every
-run has one, ``flaky`` in between. Each repeat is a fresh server, because the failures this
-bench exists for happen at weight-loading time and a warm server would hide them.
+Per cell over its repeats (judge_cell)
+    Each repeat is a fresh server, because the failures this bench exists for happen at
+    weight-loading time and a warm server would hide them. Interrupted runs are not judged.
+    A run *failed* when it has a finding of its own or diverges from the baseline.
+    verdict              ``pass`` when no judged run failed, ``fail`` when every judged run
+                         failed, ``flaky`` in between, ``not run`` with no judged run
+                         (bench.stats.verdict; verdict_settled says when more repeats can no
+                         longer change it)
+    failures/runs        with the Wilson 95 % interval of the failure rate: "0/20 (0–16 %)"
+    nondeterminism       token ids of a prompt differ between repeats of the same cell (each
+                         repeat against the cell's first clean run, or its first run if none is
+                         clean), with the first differing position. Flagged on its own: it does
+                         not change the verdict, since a failing run differs anyway and a
+                         passing one may legitimately vary (temperature > 0, batch effects).
 """
 
 from __future__ import annotations
@@ -43,7 +61,10 @@ from enum import StrEnum
 
 from bench.config import Workload
 from bench.matrix import Cell
-from bench.records import CellSummary, ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.records import (
+    CellSummary, ErrorKind, Finding, RequestRecord, RunRecord, RunResult, ServerOutcome, TokenDiff,
+)
+from bench.stats import verdict, wilson_interval
 
 
 class Reason(StrEnum):
@@ -62,6 +83,8 @@ class Reason(StrEnum):
     EXIT_EXCEPTION = "exit_exception"
     EXIT_CODE = "exit_code"
     DIVERGENCE = "divergence"
+    WEIGHTS_LOST = "weights_lost"
+    FINGERPRINT_CHANGED = "fingerprint_changed"
 
 
 _ERROR_REASON = {
@@ -230,24 +253,45 @@ def judge_cell(
     requests: list[RequestRecord],
     reference: dict[str, list[int]] | None,
 ) -> CellSummary:
-    judged = [r for r in runs if not r.interrupted]
+    judged = sorted((r for r in runs if not r.interrupted), key=lambda r: r.repeat)
     per_run: dict[int, list[Finding]] = {r.repeat: list(r.findings) for r in judged}
+    judged_requests = sorted((q for q in requests if q.repeat in per_run), key=lambda q: q.repeat)
     positions: list[int] = []
+    diverged: dict[int, list[TokenDiff]] = {}
     if reference:
-        for repeat, pos, f in divergence((q for q in requests if q.repeat in per_run), reference):
+        # Equal token lists compare in C; only the differing ones need the position worked out.
+        differing = (
+            q for q in judged_requests
+            if q.token_ids is not None and q.prompt_id in reference and q.token_ids != reference[q.prompt_id]
+        )
+        for repeat, pos, f in divergence(differing, reference):
             per_run[repeat].append(f)
             positions.append(pos)
-    failures = sum(1 for fs in per_run.values() if fs)
-    reasons = Counter(reason for fs in per_run.values() for reason in {f.reason for f in fs})
-    if not judged:
-        verdict = "not run"
-    elif failures == 0:
-        verdict = "pass"
-    elif failures == len(judged):
-        verdict = "fail"
-    else:
-        verdict = "flaky"
+            diverged.setdefault(repeat, []).append(TokenDiff(prompt_id=f.prompt_id, repeat=repeat, position=pos))
+    run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
+    failures = sum(1 for rs in run_reasons.values() if rs)
+    reasons = Counter(reason for rs in run_reasons.values() for reason in rs)
     example = next((fs[0].detail for fs in per_run.values() if fs), None)
+
+    # Within-cell reference per prompt: the first clean run's output, else the first run's.
+    clean = {repeat for repeat, rs in run_reasons.items() if not rs}
+    own_ref: dict[str, RequestRecord] = {}
+    with_ids = [q for q in judged_requests if q.token_ids is not None]
+    for q in with_ids:
+        if q.repeat in clean:
+            own_ref.setdefault(q.prompt_id, q)
+    for q in with_ids:
+        own_ref.setdefault(q.prompt_id, q)
+    nondeterminism = []
+    for q in with_ids:
+        ref = own_ref[q.prompt_id]
+        # List equality runs in C; the position is only worked out for the rare unequal pair.
+        if ref.repeat != q.repeat and q.token_ids != ref.token_ids:
+            pos = first_divergence(q.token_ids, ref.token_ids)
+            nondeterminism.append(
+                TokenDiff(prompt_id=q.prompt_id, repeat=q.repeat, position=pos, reference_repeat=ref.repeat)
+            )
+
     return CellSummary(
         cell_id=cell.id,
         model=cell.model.name,
@@ -257,8 +301,33 @@ def judge_cell(
         baseline_id=cell.baseline_id,
         runs=len(judged),
         failures=failures,
-        verdict=verdict,
+        verdict=verdict(failures, len(judged)),
         reasons=dict(sorted(reasons.items())),
         divergence_positions=positions,
         example=example.splitlines()[0][:200] if example else None,
+        failure_rate_interval=wilson_interval(failures, len(judged)) if judged else None,
+        nondeterminism=nondeterminism,
+        run_results=[
+            RunResult(repeat=repeat, reasons=rs, divergence=diverged.get(repeat, []))
+            for repeat, rs in run_reasons.items()
+        ],
     )
+
+
+def apply_cell_checks(summary: CellSummary, runs: list[RunRecord], audit: PreflightRecord | None) -> CellSummary:
+    """Adds the cell-level findings that are not about one run: lost weights and image drift."""
+    reasons = dict(summary.reasons)
+    verdict = summary.verdict
+    example = summary.example
+    if audit is not None and not audit.ok:
+        reasons[Reason.WEIGHTS_LOST] = max(1, summary.runs)
+        verdict = "fail"
+        lost = f"pre-flight audit: {audit.lost} tensor deliveries lost"
+        example = f"{lost}: {audit.problems[0]}" if audit.problems else lost
+    images = {r.server.image_id for r in runs if r.server.image_id is not None and not r.interrupted}
+    if len(images) > 1:
+        reasons[Reason.FINGERPRINT_CHANGED] = len(images)
+        if verdict == "pass":
+            verdict = "flaky"
+        example = example or f"repeats ran {len(images)} different images: {sorted(images)}"
+    return summary.model_copy(update={"reasons": dict(sorted(reasons.items())), "verdict": verdict, "example": example})

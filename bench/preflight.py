@@ -48,7 +48,7 @@ def preflight(config: Config, cells: list[Cell], status: Callable[[str], None] =
         base = PreflightRecord(kind="audit", model=key[0], image=key[1], load_format=key[2], ok=True)
         if config.launcher != "local":
             # The probe needs the image's Python; in containers that is left to the cells.
-            out.append(base.model_copy(update={"notes": ["audit skipped: it runs on the local launcher only"]}))
+            out.append(base.model_copy(update={"skipped": True, "notes": ["it runs on the local launcher only"]}))
             continue
         status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
         env = dict(cell.image.env, **cell.load_format.env)
@@ -56,7 +56,7 @@ def preflight(config: Config, cells: list[Cell], status: Callable[[str], None] =
             audit = audit_checkpoint(cell.model.path, cell.image.python, cell.image.pythonpath, env,
                                      orders=AUDIT_ORDERS, loaders=("streamer",), timeout_s=600)
         except (AuditError, ProbeError, NotACheckpoint) as exc:
-            out.append(base.model_copy(update={"notes": [f"audit not possible: {exc}"]}))
+            out.append(base.model_copy(update={"skipped": True, "notes": [str(exc)]}))
             continue
         out.append(base.model_copy(update={
             "ok": audit.ok, "lost": audit.lost, "problems": list(audit.problems),

@@ -96,7 +96,6 @@ class Fingerprint(Record):
     cpu: str | None = None
     gpu: str | None = None
     error: str | None = None
-    image_digest: str | None = None  # a container image's digest, where a launcher knows it
 
 
 class TokenDiff(Record):
@@ -130,6 +129,7 @@ class LogExcerpt(Record):
     end_byte: int
     text: str
     why: str  # what the excerpt is around, e.g. "first unexpected exit-time episode"
+    focus: int | None = None  # index in text where the finding starts, when it was located
 
 
 class CellSummary(Record):
@@ -165,3 +165,23 @@ class Summary(Record):
     interrupted: bool
     cells: list[CellSummary]
     exit_code: int
+    preflight: list[PreflightRecord] = []
+
+
+class PreflightRecord(Record):
+    """A check made before any server starts: a checkpoint's headers (inspect), or every tensor
+    streamed through an environment's loader and compared with the files (audit)."""
+
+    type: Literal["preflight"] = "preflight"
+    kind: Literal["inspect", "audit"]
+    model: str
+    image: str | None = None
+    load_format: str | None = None
+    ok: bool
+    skipped: bool = False  # the check could not be made here; notes say why
+    lost: int = 0  # tensors missing, summed over the orders audited
+    problems: list[str] = []
+    notes: list[str] = []
+
+
+Summary.model_rebuild()

@@ -1,30 +1,51 @@
-"""Report: records → per-cell verdicts → summary.json, summary.md and the console table. Pure."""
+"""Report: records → per-cell verdicts → summary.json, summary.md, junit.xml, report.html and the
+console table. Pure: reading the records and log excerpts, and writing the files, is bench.publish."""
 
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
 
 from rich.table import Table
 
 from bench.config import Config
-from bench.judge import judge_cell, reference_outputs
+from bench.html_report import html_report
+from bench.judge import apply_cell_checks, judge_cell, reference_outputs
+from bench.junit import junit_xml
 from bench.matrix import Cell
-from bench.records import CellSummary, Fingerprint, RequestRecord, RunRecord, Summary
+from bench.records import (
+    CellSummary, Fingerprint, LogExcerpt, PreflightRecord, RequestRecord, RunRecord, Summary,
+)
+from bench.stats import percent_range
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
-def summarize_cells(cells: list[Cell], runs: list[RunRecord], requests: list[RequestRecord]) -> list[CellSummary]:
+def summarize_cells(
+    cells: list[Cell], runs: list[RunRecord], requests: list[RequestRecord],
+    preflights: Sequence[PreflightRecord] = (),
+) -> list[CellSummary]:
     by_cell_runs: dict[str, list[RunRecord]] = {c.id: [] for c in cells}
     by_cell_reqs: dict[str, list[RequestRecord]] = {c.id: [] for c in cells}
     for r in runs:
         by_cell_runs.setdefault(r.cell_id, []).append(r)
     for q in requests:
         by_cell_reqs.setdefault(q.cell_id, []).append(q)
+    audits = {(p.model, p.image, p.load_format): p for p in preflights if p.kind == "audit"}
     out = []
+    # Every other load format of a group shares one baseline: work its reference out once.
+    references: dict[str, dict[str, list[int]]] = {}
     for cell in cells:
         reference = None
         if cell.baseline_id is not None:
-            reference = reference_outputs(by_cell_runs[cell.baseline_id], by_cell_reqs[cell.baseline_id])
-        out.append(judge_cell(cell, by_cell_runs[cell.id], by_cell_reqs[cell.id], reference))
+            if cell.baseline_id not in references:
+                references[cell.baseline_id] = reference_outputs(
+                    by_cell_runs[cell.baseline_id], by_cell_reqs[cell.baseline_id]
+                )
+            reference = references[cell.baseline_id]
+        summary = judge_cell(cell, by_cell_runs[cell.id], by_cell_reqs[cell.id], reference)
+        out.append(apply_cell_checks(summary, by_cell_runs[cell.id], audits.get(
+            (cell.model.name, cell.image.name, cell.load_format.name))))
     return out
 
 
@@ -43,8 +64,9 @@ def summarize(
     started_at: float,
     finished_at: float,
     interrupted: bool,
+    preflights: Sequence[PreflightRecord] = (),
 ) -> Summary:
-    cell_summaries = summarize_cells(cells, runs, requests)
+    cell_summaries = summarize_cells(cells, runs, requests, preflights)
     return Summary(
         run_id=run_id,
         config_name=config.name,
@@ -53,6 +75,7 @@ def summarize(
         interrupted=interrupted,
         cells=cell_summaries,
         exit_code=exit_code(cell_summaries, interrupted),
+        preflight=list(preflights),
     )
 
 
@@ -66,25 +89,59 @@ def _reasons(c: CellSummary) -> str:
     return ", ".join(parts) or "-"
 
 
+def _interval(c: CellSummary) -> str:
+    return percent_range(*c.failure_rate_interval) if c.failure_rate_interval else "-"
+
+
+def _nondeterminism_lines(c: CellSummary, limit: int = 10) -> list[str]:
+    first: dict[str, int] = {}
+    repeats: dict[str, set[int]] = defaultdict(set)
+    for d in c.nondeterminism:
+        first[d.prompt_id] = min(first.get(d.prompt_id, d.position), d.position)
+        repeats[d.prompt_id].add(d.repeat)
+    lines = [
+        f"- `{c.cell_id}`: prompt `{p}` differs between repeats at token {pos} ({len(repeats[p])} of {c.runs} runs)"
+        for p, pos in list(first.items())[:limit]
+    ]
+    if len(first) > limit:
+        lines.append(f"- `{c.cell_id}`: … {len(first) - limit} more prompts")
+    return lines
+
+
 def markdown(summary: Summary, fingerprints: list[Fingerprint]) -> str:
     verdict = {0: "all cells pass", 1: "FAILURES", 130: "INTERRUPTED"}.get(summary.exit_code, "")
     lines = [
         f"# regbench {summary.config_name}: {verdict}",
         "",
-        f"Run `{summary.run_id}`, {summary.finished_at - summary.started_at:.0f} s.",
+        f"Run `{summary.run_id}`, {summary.finished_at - summary.started_at:.0f} s. "
+        "Failures/runs counts fresh servers; the failure rate is its Wilson 95 % interval.",
         "",
-        "| cell | verdict | failures/runs | reasons | baseline |",
-        "|---|---|---|---|---|",
+        "| cell | verdict | failures/runs | failure rate | reasons | baseline |",
+        "|---|---|---|---|---|---|",
     ]
     for c in summary.cells:
         lines.append(
-            f"| `{c.cell_id}` | **{_MARK[c.verdict]}** | {c.failures}/{c.runs} | {_reasons(c)} | "
+            f"| `{c.cell_id}` | **{_MARK[c.verdict]}** | {c.failures}/{c.runs} | {_interval(c)} | {_reasons(c)} | "
             f"{'`' + c.baseline_id + '`' if c.baseline_id else '(is baseline)'} |"
         )
     examples = [c for c in summary.cells if c.example]
     if examples:
         lines += ["", "## First finding per failing cell", ""]
         lines += [f"- `{c.cell_id}`: {c.example}" for c in examples]
+    if summary.preflight:
+        lines += ["", "## Pre-flight: the weights before any server", ""]
+        for p in summary.preflight:
+            what = f"{p.kind} `{p.model}`" + (f" with `{p.image}` / `{p.load_format}`" if p.image else "")
+            state = "skipped" if p.skipped else "ok" if p.ok else "**FAILED**" + (
+                f" ({p.lost} tensor deliveries lost)" if p.lost else "")
+            lines.append(f"- {what}: {state}")
+            lines += [f"  - {line}" for line in (*p.problems, *p.notes)]
+    nondeterministic = [c for c in summary.cells if c.nondeterministic]
+    if nondeterministic:
+        lines += ["", "## Nondeterministic outputs", "",
+                  "Token ids that differ between repeats of one cell (not counted in the verdict).", ""]
+        for c in nondeterministic:
+            lines += _nondeterminism_lines(c)
     if fingerprints:
         lines += ["", "## Environments", "", "| image | vLLM | runai-model-streamer | torch | CUDA | Python | arch | CPU | GPU |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -94,7 +151,25 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint]) -> str:
                 f"{f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
                 + (f" probe error: {f.error}" if f.error else "")
             )
+    lines += ["", "Per-run detail: `report.html` and `junit.xml` in the results folder."]
     return "\n".join(lines) + "\n"
+
+
+def render_all(
+    summary: Summary,
+    runs: list[RunRecord],
+    requests: list[RequestRecord],
+    fingerprints: list[Fingerprint],
+    excerpts: list[LogExcerpt],
+) -> dict[str, str]:
+    """Every derived file of a results folder, by file name: one place for the runner and
+    `regbench report` both."""
+    return {
+        "summary.json": summary.model_dump_json(indent=2) + "\n",
+        "summary.md": markdown(summary, fingerprints),
+        "junit.xml": junit_xml(summary, runs),
+        "report.html": html_report(summary, runs, requests, fingerprints, excerpts),
+    }
 
 
 _STYLE = {"pass": "green", "fail": "bold red", "flaky": "yellow", "not run": "dim"}
@@ -102,9 +177,9 @@ _STYLE = {"pass": "green", "fail": "bold red", "flaky": "yellow", "not run": "di
 
 def table(summary: Summary) -> Table:
     t = Table(title=f"regbench {summary.config_name} — {summary.run_id}")
-    for col in ("model", "load format", "platform", "image", "verdict", "fail/runs", "reasons"):
+    for col in ("model", "load format", "platform", "image", "verdict", "fail/runs", "failure rate", "reasons"):
         t.add_column(col, overflow="fold")
     for c in summary.cells:
         t.add_row(c.model, c.load_format, c.platform, c.image, f"[{_STYLE[c.verdict]}]{_MARK[c.verdict]}[/]",
-                  f"{c.failures}/{c.runs}", _reasons(c))
+                  f"{c.failures}/{c.runs}", _interval(c), _reasons(c))
     return t

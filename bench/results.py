@@ -3,10 +3,12 @@
 Layout of results/<run-id>/:
     config.yaml            the matrix as run (paths resolved)
     fingerprint.jsonl      one Fingerprint per image
+    preflight.jsonl        inspect and audit of the weights, before any server
     requests.jsonl         one RequestRecord per request, appended as each one finishes
     runs.jsonl             one RunRecord per fresh server, appended as each one is reaped
     cells/<cell-id>/run-<n>/server.log    the server's whole output
     summary.json, summary.md              derived from the JSONL files only
+    junit.xml, report.html                derived too (bench.report.render_all, bench.publish)
 
 Each JSON line is flushed and fsynced before the bench moves on, so a killed bench loses at
 most the line it was writing.
@@ -23,7 +25,7 @@ import yaml
 from pydantic import BaseModel
 
 from bench.config import Config
-from bench.records import Fingerprint, RequestRecord, RunRecord, Summary
+from bench.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -64,6 +66,12 @@ class ResultsDir:
     def add_run(self, record: RunRecord) -> None:
         self._append("runs.jsonl", record)
 
+    def add_preflight(self, record: PreflightRecord) -> None:
+        self._append("preflight.jsonl", record)
+
+    def preflights(self) -> list[PreflightRecord]:
+        return self._read("preflight.jsonl", PreflightRecord)
+
     def add_fingerprint(self, record: Fingerprint) -> None:
         self._append("fingerprint.jsonl", record)
 
@@ -82,6 +90,11 @@ class ResultsDir:
 
     def fingerprints(self) -> list[Fingerprint]:
         return self._read("fingerprint.jsonl", Fingerprint)
+
+    def previous_summary(self) -> Summary | None:
+        """summary.json as last written, or None if there is none yet."""
+        path = self.path / "summary.json"
+        return Summary.model_validate_json(path.read_text(encoding="utf-8")) if path.exists() else None
 
     def config(self) -> Config:
         return Config.model_validate(yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8")))
@@ -108,3 +121,13 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return ""
     text = read_log(path, max(0, size - 64 * 1024))
     return "\n".join(text.splitlines()[-lines:])
+
+
+def read_log_bytes(path: Path, start: int, length: int) -> bytes:
+    """At most `length` bytes of a log from byte `start`; b"" if the log is gone."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, start))
+            return f.read(max(0, length))
+    except FileNotFoundError:
+        return b""

@@ -18,8 +18,10 @@ from bench.config import Config
 from bench.judge import judge_run
 from bench.launch import BootError, Launcher, LocalLauncher
 from bench.matrix import Cell
+from bench.preflight import preflight
 from bench.records import RunRecord, Summary
-from bench.report import markdown, summarize
+from bench.publish import write_reports
+from bench.report import summarize
 from bench.results import ResultsDir, log_tail, read_log
 
 
@@ -102,6 +104,9 @@ def run_matrix(
     interrupted = False
     progress.start(sum(c.repeats for c in cells))
     try:
+        if config.preflight:
+            for record in preflight(config, cells, progress.status):
+                results.add_preflight(record)
         for image in {c.image.name: c.image for c in cells}.values():
             progress.status(f"fingerprint of {image.name}")
             results.add_fingerprint(launcher.fingerprint(image))
@@ -111,7 +116,8 @@ def run_matrix(
     except KeyboardInterrupt:
         interrupted = True
     summary = summarize(
-        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(), interrupted
+        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(), interrupted,
+        results.preflights(),
     )
-    results.write_summary(summary, markdown(summary, results.fingerprints()))
+    write_reports(results, summary)
     return summary

@@ -20,3 +20,6 @@ bash scripts/setup-vllm.sh 2>&1 | quiet_pip
 if [ "${1:-}" != "--no-docker" ]; then
   bash scripts/setup-docker.sh
 fi
+
+# --- Headless Chromium: tests/test_report_browser.py opens report.html in it. ---------------
+command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }

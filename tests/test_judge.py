@@ -186,3 +186,32 @@ def test_interrupted_runs_are_not_judged(minimal):
 def test_a_server_that_could_not_start_is_a_boot_failure():
     (f,) = judge_server(outcome(boot_s=None, start_error="cannot start /x/python: No such file", exit_code=None), "", "")
     assert f.reason == Reason.BOOT_FAILED and "/x/python" in f.detail
+
+
+def test_lost_weights_fail_a_cell_even_when_its_runs_pass(minimal):
+    from bench.judge import apply_cell_checks
+    from bench.records import PreflightRecord
+
+    cell = expand(parse_config(minimal))[1]
+    runs = [run(1), run(2)]
+    passing = judge_cell(cell, runs, [req(repeat=1), req(repeat=2)], None)
+    assert passing.verdict == "pass"
+    audit = PreflightRecord(kind="audit", model="m", image="img", load_format="runai_streamer", ok=False, lost=21,
+                            problems=["order=listing loader=streamer: 0/21 tensors delivered"])
+    failed = apply_cell_checks(passing, runs, audit)
+    assert failed.verdict == "fail" and failed.reasons == {"weights_lost": 2}
+    assert "21 tensor deliveries lost" in failed.example and "0/21" in failed.example
+    assert apply_cell_checks(passing, runs, audit.model_copy(update={"ok": True, "lost": 0})) == passing
+
+
+def test_repeats_that_ran_different_images_are_flagged(minimal):
+    from bench.judge import apply_cell_checks
+
+    cell = expand(parse_config(minimal))[0]
+    runs = [run(1), run(2)]
+    runs = [r.model_copy(update={"server": r.server.model_copy(update={"image_id": f"sha256:{i}"})})
+            for i, r in enumerate(runs)]
+    s = apply_cell_checks(judge_cell(cell, runs, [], None), runs, None)
+    assert s.verdict == "flaky" and s.reasons == {"fingerprint_changed": 2}
+    same = [r.model_copy(update={"server": r.server.model_copy(update={"image_id": "sha256:0"})}) for r in runs]
+    assert apply_cell_checks(judge_cell(cell, same, [], None), same, None).verdict == "pass"

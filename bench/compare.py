@@ -1,0 +1,263 @@
+"""Comparison of two runs (e.g. image tag N-1 and N of one matrix). Pure: judged cells in, changes out.
+
+Matching. Cells are matched by cell id. When no id is common to both runs (the same matrix on
+another image tag has other ids) the image axis is ignored automatically and cells are matched
+by (model, load_format, platform); `ignore` names axes to leave out explicitly. A key that fits
+more than one cell of a run is ambiguous: a usage error rather than a guess.
+
+A *regression* is a matched cell that passed in A and fails or is flaky in B, or that shows a
+failure reason in B it did not show in A (when A judged any run). Cells only in one run are
+listed but are no regression: there is nothing to compare them with.
+
+Output divergence compares, per prompt, the token ids of each cell's first clean run. It is
+reported, not a regression by itself: a new torch or kernel may legitimately change numerics.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from bench.config import ConfigError
+from bench.judge import first_divergence, reference_outputs
+from bench.records import CellSummary, Fingerprint, RequestRecord, RunRecord
+from bench.stats import rate_text
+
+AXES = ("model", "load_format", "platform", "image")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Side(_Record):
+    """One run as compared: its judged cells, first clean outputs and fingerprints."""
+
+    name: str
+    cells: list[CellSummary]
+    outputs: dict[str, dict[str, list[int]]]  # cell id -> prompt id -> first clean run's token ids
+    fingerprints: list[Fingerprint]
+
+
+def side_from_records(
+    name: str,
+    cells: list[CellSummary],
+    runs: list[RunRecord],
+    requests: list[RequestRecord],
+    fingerprints: list[Fingerprint],
+) -> Side:
+    runs_of: dict[str, list[RunRecord]] = defaultdict(list)
+    reqs_of: dict[str, list[RequestRecord]] = defaultdict(list)
+    for r in runs:
+        runs_of[r.cell_id].append(r)
+    for q in requests:
+        reqs_of[q.cell_id].append(q)
+    # reference_outputs skips runs with findings of their own; a run that only diverged from
+    # the baseline still counts as clean here, which is what "its output" means for comparing.
+    outputs = {c.cell_id: reference_outputs(runs_of[c.cell_id], reqs_of[c.cell_id]) for c in cells}
+    return Side(name=name, cells=cells, outputs=outputs, fingerprints=fingerprints)
+
+
+class PromptOutput(_Record):
+    prompt_id: str
+    status: Literal["identical", "differs", "no clean run in A", "no clean run in B", "only in A", "only in B"]
+    position: int | None = None  # first differing token when status is "differs"
+
+
+class CellChange(_Record):
+    label: str  # the cell id, or its axes with "a→b" where they differ
+    a_id: str
+    b_id: str
+    a_verdict: str
+    b_verdict: str
+    a_rate: str  # "0/20 (0–16 %)"
+    b_rate: str
+    new_reasons: list[str]
+    gone_reasons: list[str]
+    regression: bool
+    improvement: bool
+    why: list[str]  # what makes it a regression
+    outputs: list[PromptOutput]
+    a_nondeterministic: bool
+    b_nondeterministic: bool
+
+
+class FingerprintChange(_Record):
+    image_a: str
+    image_b: str
+    field: str
+    a: str | None
+    b: str | None
+
+
+class Comparison(_Record):
+    a_name: str
+    b_name: str
+    ignored_axes: list[str]
+    auto_ignored: bool  # the image axis was ignored because no cell id was common
+    cells: list[CellChange]
+    only_a: list[str]
+    only_b: list[str]
+    fingerprint_changes: list[FingerprintChange]
+
+    @property
+    def regressions(self) -> list[CellChange]:
+        return [c for c in self.cells if c.regression]
+
+
+def _key(cell: CellSummary, ignore: frozenset[str]) -> tuple[str, ...]:
+    return tuple(getattr(cell, axis) for axis in AXES if axis not in ignore)
+
+
+def _index(side: Side, ignore: frozenset[str], which: str) -> dict[tuple[str, ...], CellSummary]:
+    out: dict[tuple[str, ...], CellSummary] = {}
+    for c in side.cells:
+        k = _key(c, ignore)
+        if k in out:
+            raise ConfigError(
+                f"{which} ({side.name}): cells {out[k].cell_id} and {c.cell_id} match the same key "
+                f"{'/'.join(k)} with {', '.join(sorted(ignore))} ignored; compare fewer axes away"
+            )
+        out[k] = c
+    return out
+
+
+def _label(a: CellSummary, b: CellSummary) -> str:
+    if a.cell_id == b.cell_id:
+        return a.cell_id
+    parts = [getattr(a, x) if getattr(a, x) == getattr(b, x) else f"{getattr(a, x)}→{getattr(b, x)}" for x in AXES]
+    return "__".join(parts)
+
+
+def _outputs(a: dict[str, list[int]], b: dict[str, list[int]]) -> list[PromptOutput]:
+    out = []
+    for prompt in sorted(a.keys() | b.keys()):
+        ia, ib = a.get(prompt), b.get(prompt)
+        if ia is None:
+            out.append(PromptOutput(prompt_id=prompt, status="only in B" if a else "no clean run in A"))
+        elif ib is None:
+            out.append(PromptOutput(prompt_id=prompt, status="only in A" if b else "no clean run in B"))
+        else:
+            pos = first_divergence(ib, ia)
+            out.append(PromptOutput(prompt_id=prompt, status="identical" if pos is None else "differs", position=pos))
+    return out
+
+
+def _cell_change(a: CellSummary, b: CellSummary, out_a: dict, out_b: dict) -> CellChange:
+    new = sorted(set(b.reasons) - set(a.reasons)) if a.runs else []
+    why = []
+    if a.verdict == "pass" and b.verdict in ("fail", "flaky"):
+        why.append(f"verdict pass → {b.verdict}")
+    if new:
+        why.append(f"new failure reasons: {', '.join(new)}")
+    return CellChange(
+        label=_label(a, b), a_id=a.cell_id, b_id=b.cell_id, a_verdict=a.verdict, b_verdict=b.verdict,
+        a_rate=rate_text(a.failures, a.runs), b_rate=rate_text(b.failures, b.runs),
+        new_reasons=new, gone_reasons=sorted(set(a.reasons) - set(b.reasons)),
+        regression=bool(why), improvement=a.verdict in ("fail", "flaky") and b.verdict == "pass", why=why,
+        outputs=_outputs(out_a, out_b), a_nondeterministic=a.nondeterministic, b_nondeterministic=b.nondeterministic,
+    )
+
+
+def _fingerprint_changes(a: Side, b: Side, pairs: list[tuple[str, str]]) -> list[FingerprintChange]:
+    # The last line per image wins: a re-probe supersedes an earlier one.
+    fa = {f.image: f for f in a.fingerprints}
+    fb = {f.image: f for f in b.fingerprints}
+    fields = [f for f in Fingerprint.model_fields if f != "image"]
+    out = []
+    for ia, ib in pairs:
+        x, y = fa.get(ia), fb.get(ib)
+        if x is None or y is None:
+            if x is not y:
+                out.append(FingerprintChange(image_a=ia, image_b=ib, field="fingerprint",
+                                             a="recorded" if x else None, b="recorded" if y else None))
+            continue
+        for field in fields:
+            va, vb = getattr(x, field), getattr(y, field)
+            if va != vb:
+                out.append(FingerprintChange(image_a=ia, image_b=ib, field=field, a=va, b=vb))
+    return out
+
+
+def compare(a: Side, b: Side, ignore: frozenset[str] = frozenset()) -> Comparison:
+    """Matches A's cells with B's (see the module docstring) and lists what changed."""
+    unknown = sorted(ignore - set(AXES))
+    if unknown:
+        raise ConfigError(f"--match-ignore {', '.join(unknown)}: axes are {', '.join(AXES)}")
+    if set(AXES) <= ignore:
+        raise ConfigError("--match-ignore: at least one axis must be left to match cells by")
+    auto = False
+    if not ignore and not {c.cell_id for c in a.cells} & {c.cell_id for c in b.cells}:
+        ignore, auto = frozenset({"image"}), True
+    index_a, index_b = _index(a, ignore, "A"), _index(b, ignore, "B")
+    matched = [k for k in index_a if k in index_b]
+    if not matched:
+        raise ConfigError(
+            f"no cell of A ({a.name}) matches a cell of B ({b.name}) by "
+            f"{' × '.join(x for x in AXES if x not in ignore)}; pass --match-ignore AXIS to match by fewer axes"
+        )
+    changes = [
+        _cell_change(index_a[k], index_b[k], a.outputs.get(index_a[k].cell_id, {}),
+                     b.outputs.get(index_b[k].cell_id, {}))
+        for k in matched
+    ]
+    pairs = list(dict.fromkeys((index_a[k].image, index_b[k].image) for k in matched))
+    return Comparison(
+        a_name=a.name, b_name=b.name, ignored_axes=sorted(ignore), auto_ignored=auto, cells=changes,
+        only_a=[c.cell_id for k, c in index_a.items() if k not in index_b],
+        only_b=[c.cell_id for k, c in index_b.items() if k not in index_a],
+        fingerprint_changes=_fingerprint_changes(a, b, pairs),
+    )
+
+
+def _outputs_line(outputs: list[PromptOutput]) -> str:
+    if not outputs:
+        return "outputs: no clean run on either side to compare"
+    statuses = {o.status for o in outputs}
+    if statuses == {"identical"}:
+        return f"outputs identical ({len(outputs)} prompts, first clean runs)"
+    if len(statuses) == 1 and statuses != {"differs"}:
+        return f"outputs: {statuses.pop()} to compare ({len(outputs)} prompts)"
+    parts = [
+        f"{o.prompt_id} differs at token {o.position}" if o.status == "differs" else f"{o.prompt_id} {o.status}"
+        for o in outputs if o.status != "identical"
+    ]
+    same = sum(1 for o in outputs if o.status == "identical")
+    return "outputs: " + "; ".join(parts) + (f"; {same} identical" if same else "")
+
+
+def format_comparison(c: Comparison) -> list[str]:
+    """The comparison as plain text lines, regressions first."""
+    lines = [f"A: {c.a_name}", f"B: {c.b_name}"]
+    if c.ignored_axes:
+        by = " × ".join(x for x in AXES if x not in c.ignored_axes)
+        why = " (no cell id is common to both runs)" if c.auto_ignored else ""
+        lines.append(f"cells matched by {by}, {', '.join(c.ignored_axes)} ignored{why}")
+    else:
+        lines.append("cells matched by cell id")
+    lines.append("")
+    order = sorted(c.cells, key=lambda x: (not x.regression, not x.improvement))
+    for cell in order:
+        tag = "REGRESSION" if cell.regression else ("improved" if cell.improvement else "same" if
+                                                    cell.a_verdict == cell.b_verdict else "changed")
+        lines.append(f"{tag:<10}  {cell.label}: {cell.a_verdict.upper()} {cell.a_rate} → "
+                     f"{cell.b_verdict.upper()} {cell.b_rate}")
+        for w in cell.why:
+            lines.append(f"            {w}")
+        if cell.gone_reasons:
+            lines.append(f"            reasons gone: {', '.join(cell.gone_reasons)}")
+        lines.append(f"            {_outputs_line(cell.outputs)}")
+        if cell.b_nondeterministic and not cell.a_nondeterministic:
+            lines.append("            nondeterministic in B (outputs differ between its repeats), not in A")
+    for name, ids in (("only in A", c.only_a), ("only in B", c.only_b)):
+        if ids:
+            lines += ["", f"{name} (not compared): {', '.join(ids)}"]
+    lines += ["", "environment changes:" if c.fingerprint_changes else "environment: no fingerprint change"]
+    for f in c.fingerprint_changes:
+        images = f.image_a if f.image_a == f.image_b else f"{f.image_a} → {f.image_b}"
+        lines.append(f"  {images}: {f.field} {f.a if f.a is not None else '-'} → {f.b if f.b is not None else '-'}")
+    n = len(c.regressions)
+    lines += ["", f"{n} regression{'s' if n != 1 else ''} in {len(c.cells)} matched cells"]
+    return lines

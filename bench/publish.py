@@ -1,0 +1,176 @@
+"""The I/O edge of reporting: read a results folder's records (and a few KB of server logs around
+findings), derive the summary, render every report file, write them.
+
+The JSONL files stay the source of truth; everything written here can be regenerated from them
+with `regbench report DIR`. The runner calls write_reports at the end of a run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from bench.compare import Side, side_from_records
+from bench.config import ConfigError
+from bench.judge import Reason, unexpected_exit_episodes
+from bench.matrix import expand
+from bench.records import Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.report import render_all, summarize
+from bench.results import ResultsDir, read_log_bytes
+
+# Run-level findings whose evidence is in the server log.
+_LOG_REASONS = {Reason.BOOT_FAILED, Reason.BOOT_TIMEOUT, Reason.SERVER_DIED, Reason.EXIT_EXCEPTION, Reason.EXIT_CODE}
+EXCERPTS_PER_CELL = 5
+BEFORE_BYTES, AFTER_BYTES = 1024, 3072  # what is embedded: at most 4 KB per run
+SEARCH_BYTES = 256 * 1024  # how much of the shutdown phase is searched for the episode
+
+
+def _trim_to_lines(data: bytes, cut_head: bool, cut_tail: bool) -> tuple[bytes, int]:
+    """The window without the half lines (and half UTF-8 characters) a cut leaves; and how many
+    bytes came off its head."""
+    head = 0
+    if cut_head and b"\n" in data:
+        head = data.index(b"\n") + 1
+        data = data[head:]
+    if cut_tail and b"\n" in data:
+        data = data[: data.rindex(b"\n") + 1]
+    return data, head
+
+
+def log_excerpt(results_path: Path, run: RunRecord) -> LogExcerpt | None:
+    """A few KB of the run's server.log around its first log-evidenced finding, or None."""
+    reasons = {f.reason for f in run.findings}
+    if not reasons & _LOG_REASONS:
+        return None
+    path = (results_path / run.server.log_path).resolve()
+    # The path comes from a record; never read outside the results folder because of one.
+    if not path.is_relative_to(results_path.resolve()) or not path.is_file():
+        return None
+    size = path.stat().st_size
+    start = end = at_byte = None
+    why = ""
+    if Reason.EXIT_EXCEPTION in reasons:
+        stop = run.server.stop_requested_at_byte or 0
+        data = read_log_bytes(path, stop, SEARCH_BYTES)
+        # surrogateescape keeps a character index convertible back into an exact byte offset.
+        text = data.decode("utf-8", errors="surrogateescape")
+        episodes = unexpected_exit_episodes(text)
+        if episodes:
+            # The episode's first two lines (the message before a traceback, and its opener) are
+            # specific enough to find it again; one line alone may be a repeated log line.
+            head_lines = episodes[0].splitlines()
+            at = text.find("\n".join(head_lines[:2]))
+            if at < 0:
+                at = text.find(head_lines[0])
+            if at >= 0:
+                at_byte = stop + len(text[:at].encode("utf-8", errors="surrogateescape"))
+                start, end = max(0, at_byte - BEFORE_BYTES), min(size, at_byte + AFTER_BYTES)
+                why = "first unexpected exit-time episode"
+    if start is None:
+        # Boot failures, deaths and exit codes: the evidence is where the log stops.
+        start, end = max(0, size - BEFORE_BYTES - AFTER_BYTES), size
+        why = "end of the log"
+    data, head = _trim_to_lines(read_log_bytes(path, start, end - start), cut_head=start > 0, cut_tail=end < size)
+    first = start + head
+    focus = None
+    if at_byte is not None and first <= at_byte <= first + len(data):
+        # at_byte is a line start, so the prefix decodes on its own.
+        focus = len(data[: at_byte - first].decode("utf-8", errors="replace"))
+    return LogExcerpt(
+        cell_id=run.cell_id, repeat=run.repeat, log_path=run.server.log_path, start_byte=first,
+        end_byte=first + len(data), text=data.decode("utf-8", errors="replace"), why=why, focus=focus,
+    )
+
+
+def log_excerpts(results_path: Path, runs: list[RunRecord]) -> list[LogExcerpt]:
+    out: list[LogExcerpt] = []
+    per_cell: dict[str, int] = {}
+    for run in sorted(runs, key=lambda r: (r.cell_id, r.repeat)):
+        if per_cell.get(run.cell_id, 0) >= EXCERPTS_PER_CELL:
+            continue
+        excerpt = log_excerpt(results_path, run)
+        if excerpt is not None:
+            out.append(excerpt)
+            per_cell[run.cell_id] = per_cell.get(run.cell_id, 0) + 1
+    return out
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # A CI step reading the folder while a report is regenerated sees the old file or the new one.
+    # open() rather than mkstemp: the file gets the umask's mode (mkstemp's is 0600).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_reports(
+    results: ResultsDir,
+    summary: Summary,
+    runs: list[RunRecord] | None = None,
+    requests: list[RequestRecord] | None = None,
+    fingerprints: list[Fingerprint] | None = None,
+) -> dict[str, Path]:
+    """Writes summary.json, summary.md, junit.xml and report.html; records not passed are read."""
+    runs = results.runs() if runs is None else runs
+    requests = results.requests() if requests is None else requests
+    fingerprints = results.fingerprints() if fingerprints is None else fingerprints
+    files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs))
+    written = {}
+    for name, text in files.items():
+        _write_atomic(results.path / name, text)
+        written[name] = results.path / name
+    return written
+
+
+def open_results(path: Path) -> ResultsDir:
+    results = ResultsDir(path)
+    if not (results.path / "config.yaml").is_file():
+        raise ConfigError(f"{results.path}: not a regbench results directory (no config.yaml)")
+    return results
+
+
+def rederive(
+    results: ResultsDir, runs: list[RunRecord], requests: list[RequestRecord]
+) -> Summary:
+    """The summary from the JSONL alone; start/end times from the last summary.json if there is one."""
+    config = results.config()
+    try:
+        previous = results.previous_summary()
+    except (ValidationError, ValueError) as exc:
+        raise ConfigError(f"{results.path / 'summary.json'}: unreadable, delete it to regenerate: {exc}") from None
+    if previous is not None:
+        started, finished, interrupted = previous.started_at, previous.finished_at, previous.interrupted
+    else:
+        started = min((r.server.started_at for r in runs), default=0.0)
+        finished = max(
+            (r.server.started_at + sum(x for x in (r.server.boot_s, r.requests_s, r.server.shutdown_s) if x)
+             for r in runs),
+            default=0.0,
+        )
+        interrupted = any(r.interrupted for r in runs)
+    return summarize(results.path.name, config, expand(config), runs, requests, started, finished, interrupted,
+                     results.preflights())
+
+
+def regenerate(path: Path) -> Summary:
+    """`regbench report DIR`: re-derive the summary and rewrite every report file."""
+    results = open_results(path)
+    runs, requests = results.runs(), results.requests()
+    summary = rederive(results, runs, requests)
+    write_reports(results, summary, runs, requests)
+    return summary
+
+
+def load_side(path: Path) -> Side:
+    """One results folder, re-judged from its JSONL, as one side of `regbench compare`."""
+    results = open_results(path)
+    runs, requests = results.runs(), results.requests()
+    summary = rederive(results, runs, requests)
+    return side_from_records(str(path), summary.cells, runs, requests, results.fingerprints())
