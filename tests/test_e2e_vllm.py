@@ -66,7 +66,8 @@ def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
     bug = cells.pop(STREAMER_BUG)
     assert (bug.verdict, bug.failures, bug.runs) == ("fail", 2, 2)
     # Every repeat shows the signature: empty text, one repeated id, and divergence at token 0.
-    for reason in ("empty_text", "degenerate", "usage_text_mismatch", "divergence"):
+    # ... and the pre-flight audit saw the weights go missing before any server started.
+    for reason in ("empty_text", "degenerate", "usage_text_mismatch", "divergence", "weights_lost"):
         assert bug.reasons.get(reason) == 2, bug.reasons
     assert bug.divergence_positions and set(bug.divergence_positions) == {0}
     for c in cells.values():
