@@ -21,7 +21,8 @@ from bench.config import ENV_NAME, ConfigError, load_config
 from bench.matrix import expand
 from bench.records import RunRecord
 from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, table
-from bench.results import ResultsDir, new_run_id
+from bench.launch import reap_local
+from bench.results import ResultsDir, ResultsError, new_run_id
 from bench.launch_docker import DockerUnavailable
 from bench.platforms import host_facts, select
 from bench.runner import make_launcher, run_matrix
@@ -102,18 +103,40 @@ def _detection_lines(p: float, confidence: float | None, repeats: int, cells: in
     ]
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
-    cells = select(expand(config), config, host_facts(), args.platform)
-    run_id = args.run_id or new_run_id(config.name)
-    if not RUN_ID.match(run_id):
-        raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+def _resume(path: str) -> tuple[ResultsDir, frozenset[tuple[str, int]]]:
+    results = ResultsDir(Path(path))
     try:
-        results = ResultsDir.create(Path(args.results), run_id, config)
-    except FileExistsError:
-        raise ConfigError(f"results directory {Path(args.results) / run_id} exists already") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot create the results directory: {exc}") from None
+        done = results.prepare_resume()
+        config = results.config()
+    except (ResultsError, OSError, ValueError) as exc:
+        raise ConfigError(f"cannot resume {path}: {exc}") from None
+    for warning in results.warnings:
+        err.print(f"regbench: warning: {warning}", highlight=False, markup=False)
+    return results, frozenset(done)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if (args.config is None) == (args.resume is None):
+        raise ConfigError("give a matrix file to start a run, or --resume DIR to continue one (not both)")
+    done: frozenset[tuple[str, int]] = frozenset()
+    if args.resume is not None:
+        results, done = _resume(args.resume)
+        config, run_id = results.config(), results.path.name
+        # A killed bench leaves its servers running; they hold ports, memory and GPUs.
+        reap_local(run_id)
+    else:
+        config = load_config(args.config)
+        run_id = args.run_id or new_run_id(config.name)
+        if not RUN_ID.match(run_id):
+            raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    cells = select(expand(config), config, host_facts(), args.platform)
+    if args.resume is None:
+        try:
+            results = ResultsDir.create(Path(args.results), run_id, config)
+        except FileExistsError:
+            raise ConfigError(f"results directory {Path(args.results) / run_id} exists already") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot create the results directory: {exc}") from None
     try:
         launcher = make_launcher(config, run_id)
     except DockerUnavailable as exc:
@@ -121,7 +144,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     _interrupt_on_sigterm()
     progress = RichProgress()
     try:
-        summary = run_matrix(config, cells, results, launcher=launcher, progress=progress)
+        if args.resume is not None and config.launcher == "docker":
+            from bench.launch_docker import clean
+
+            clean(launcher.docker, run_id)
+        summary = run_matrix(config, cells, results, launcher=launcher, progress=progress, done=done)
     finally:
         progress.stop()
     out.print(table(summary))
@@ -205,12 +232,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
+    """Removes what a killed bench left running: containers by label, local servers by theirs."""
     from bench.launch_docker import clean, client
 
+    pids = reap_local(args.run_id)
+    print(f"stopped {len(pids)} local server process(es)")
     try:
         removed = clean(client(), args.run_id)
-    except DockerUnavailable as exc:
-        raise ConfigError(str(exc)) from None
+    except DockerUnavailable:
+        removed = []  # no engine, no containers
     print(f"removed {len(removed)} container(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
 
@@ -226,13 +256,15 @@ def parser() -> argparse.ArgumentParser:
                       help="with --detect: the probability of seeing it (default 0.95); n = ceil(log(1-C)/log(1-P))")
     plan.set_defaults(func=cmd_plan)
     run = sub.add_parser("run", help="run a matrix: a fresh server per repeat of every cell")
-    run.add_argument("config")
+    run.add_argument("config", nargs="?")
+    run.add_argument("--resume", metavar="DIR",
+                     help="continue a run that was killed: finished runs are kept, unfinished ones run again")
     run.add_argument("--results", default="results", help="parent folder of the run's results (default: results)")
     run.add_argument("--run-id", help="name of the run's folder (default: timestamp-name)")
     run.add_argument("--platform", help="run this platform's cells (default: those of every profile this host matches)")
     run.set_defaults(func=cmd_run)
-    clean_p = sub.add_parser("clean", help="remove containers left behind by regbench (by label)")
-    clean_p.add_argument("--run-id", help="only those of this run (default: all of regbench's)")
+    clean_p = sub.add_parser("clean", help="stop servers and remove containers a killed bench left behind (by label)")
+    clean_p.add_argument("--run-id", help="only those of this run (default: all of regbench's on this host)")
     clean_p.set_defaults(func=cmd_clean)
     report = sub.add_parser(
         "report", help="regenerate summary.json, summary.md, junit.xml and report.html from a results folder")

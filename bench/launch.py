@@ -274,6 +274,36 @@ class ProcessGroup:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def labelled_processes(run_id: str | None = None) -> list[int]:
+    """Pids of live local servers started by regbench (of one run, or of any), found by the
+    label their environment carries: what a killed bench left behind. Linux /proc only."""
+    found = []
+    marker = f"/{run_id}/cells/" if run_id else ""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone, or not ours to read
+        label = next((v for v in environ if v.startswith(RUN_LABEL.encode() + b"=")), None)
+        if label is not None and state != "Z" and marker in label.decode(errors="replace"):
+            found.append(int(entry.name))
+    return found
+
+
+def reap_local(run_id: str | None = None) -> list[int]:
+    """SIGKILLs the process groups of leftover local servers; returns the pids found."""
+    pids = labelled_processes(run_id)
+    for pid in pids:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 class Launcher(Protocol):
     def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server: ...
     def fingerprint(self, image: Image) -> Fingerprint: ...

@@ -35,9 +35,15 @@ def new_run_id(config_name: str, now: float | None = None) -> str:
     return f"{stamp}-{config_name}"
 
 
+class ResultsError(Exception):
+    """A results folder that cannot be read or continued."""
+
+
 class ResultsDir:
     def __init__(self, path: Path):
-        self.path = path
+        # Absolute: run folders label server processes, which must be findable from anywhere.
+        self.path = Path(os.path.abspath(path))
+        self.warnings: list[str] = []  # what reading had to repair, for the user to see
 
     @classmethod
     def create(cls, root: Path, run_id: str, config: Config) -> ResultsDir:
@@ -52,6 +58,10 @@ class ResultsDir:
     def run_dir(self, cell_id: str, repeat: int) -> Path:
         d = self.path / "cells" / cell_id / f"run-{repeat}"
         d.mkdir(parents=True, exist_ok=True)
+        log = d / "server.log"
+        if log.exists():  # an attempt that a crash cut short: kept as evidence, not appended to
+            attempt = 1 + sum(1 for _ in d.glob("server.log.attempt-*"))
+            log.rename(d / f"server.log.attempt-{attempt}")
         return d
 
     def _append(self, name: str, record: BaseModel) -> None:
@@ -76,11 +86,10 @@ class ResultsDir:
         self._append("fingerprint.jsonl", record)
 
     def _read(self, name: str, model: type[T]) -> list[T]:
-        path = self.path / name
-        if not path.exists():
-            return []
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return [model.model_validate_json(line) for line in lines if line.strip()]
+        records, partial = read_jsonl(self.path / name, model)
+        if partial is not None:
+            self.warnings.append(f"{name}: dropped a half-written last line ({len(partial)} bytes)")
+        return records
 
     def requests(self) -> list[RequestRecord]:
         return self._read("requests.jsonl", RequestRecord)
@@ -99,9 +108,59 @@ class ResultsDir:
     def config(self) -> Config:
         return Config.model_validate(yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8")))
 
+    def prepare_resume(self) -> set[tuple[str, int]]:
+        """Makes the folder ready to continue after a crash or kill: drops half-written lines,
+        interrupted runs and the requests of runs that never finished (they will be run again,
+        and must not count twice). Returns the (cell id, repeat) pairs that are done."""
+        if not (self.path / "config.yaml").is_file():
+            raise ResultsError(f"{self.path}: not a regbench results directory (no config.yaml)")
+        runs = [r for r in self.runs() if not r.interrupted]
+        done = {(r.cell_id, r.repeat) for r in runs}
+        requests = [q for q in self.requests() if (q.cell_id, q.repeat) in done]
+        self._rewrite("runs.jsonl", runs)
+        self._rewrite("requests.jsonl", requests)
+        for name, model in (("fingerprint.jsonl", Fingerprint), ("preflight.jsonl", PreflightRecord)):
+            self._rewrite(name, self._read(name, model))
+        return done
+
+    def _rewrite(self, name: str, records: list[BaseModel]) -> None:
+        if not (self.path / name).exists():
+            return
+        tmp = self.path / f".{name}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(r.model_dump_json() + "\n" for r in records)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / name)
+
     def write_summary(self, summary: Summary, markdown: str) -> None:
         (self.path / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
         (self.path / "summary.md").write_text(markdown, encoding="utf-8")
+
+
+def read_jsonl(path: Path, model: type[T]) -> tuple[list[T], str | None]:
+    """Records of a JSONL file, and the half-written last line if a killed writer left one.
+
+    Every line but the last was complete when the next one was begun (each is fsynced), so
+    only the last can be partial; a bad line anywhere else is damage, not a crash, and raises."""
+    if not path.exists():
+        return [], None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    partial = None
+    if lines[-1] == "":
+        lines.pop()
+    else:
+        partial = lines.pop()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(model.model_validate_json(line))
+        except ValueError as exc:
+            raise ResultsError(f"{path}:{number}: not a {model.__name__} record: {str(exc).splitlines()[0]}") from None
+    return records, partial
 
 
 def read_log(path: Path, start: int = 0) -> str:

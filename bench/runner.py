@@ -97,22 +97,26 @@ def run_matrix(
     results: ResultsDir,
     launcher: Launcher | None = None,
     progress: Progress | None = None,
+    done: frozenset[tuple[str, int]] = frozenset(),
 ) -> Summary:
+    """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation)."""
     launcher = launcher or make_launcher(config, results.path.name)
     progress = progress or NoProgress()
     started = time.time()
     interrupted = False
-    progress.start(sum(c.repeats for c in cells))
+    todo = [(cell, repeat) for cell in cells for repeat in range(1, cell.repeats + 1) if (cell.id, repeat) not in done]
+    progress.start(len(todo))
     try:
-        if config.preflight:
+        if config.preflight and not results.preflights():
             for record in preflight(config, cells, progress.status):
                 results.add_preflight(record)
+        printed = {f.image for f in results.fingerprints()}
         for image in {c.image.name: c.image for c in cells}.values():
-            progress.status(f"fingerprint of {image.name}")
-            results.add_fingerprint(launcher.fingerprint(image))
-        for cell in cells:
-            for repeat in range(1, cell.repeats + 1):
-                progress.run_done(run_one(config, cell, repeat, launcher, results, progress.status))
+            if image.name not in printed:
+                progress.status(f"fingerprint of {image.name}")
+                results.add_fingerprint(launcher.fingerprint(image))
+        for cell, repeat in todo:
+            progress.run_done(run_one(config, cell, repeat, launcher, results, progress.status))
     except KeyboardInterrupt:
         interrupted = True
     summary = summarize(

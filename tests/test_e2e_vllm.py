@@ -156,3 +156,31 @@ def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path):
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
     assert cell.verdict == "fail" and cell.reasons == {"boot_failed": 1}
     assert processes_labelled(tmp_path / "res") == []
+
+
+def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path):
+    config = one_cell_config(tmp_path, repeats=2)
+    results = tmp_path / "results"
+    run_dir = results / "r"
+    p = regbench("run", str(config), "--results", str(results), "--run-id", "r")
+    log2 = run_dir / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-2" / "server.log"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and "EngineCore" not in (log2.read_text() if log2.exists() else ""):
+        time.sleep(0.5)
+    p.kill()  # SIGKILL mid-boot of repeat 2: no clean-up, the server keeps running
+    p.communicate(timeout=60)
+    assert processes_labelled(results), "the server should have outlived the bench"
+    first = RunRecord.model_validate_json((run_dir / "runs.jsonl").read_text().splitlines()[0])
+
+    r = regbench("run", "--resume", str(run_dir))
+    output, _ = r.communicate(timeout=900)
+    assert r.returncode == 0, output
+    runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
+    assert [x.repeat for x in runs] == [1, 2] and runs[0] == first  # repeat 1 not redone
+    requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert sorted((q["repeat"], q["prompt_id"]) for q in requests) == sorted(
+        (rep, pid) for rep in (1, 2) for pid in ("code", "prose", "chat", "chat-stream"))
+    assert (log2.parent / "server.log.attempt-1").exists()
+    assert processes_labelled(results) == []
+    summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
+    assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]

@@ -57,3 +57,54 @@ def test_logs_are_read_leniently_from_an_offset(tmp_path):
     assert read_log(log, 7).startswith("\ufffd\ufffd after")
     assert log_tail(log, 3) == "line\nline\nline"
     assert read_log(tmp_path / "missing") == ""
+
+
+def _request(cell: str, repeat: int) -> RequestRecord:
+    return RequestRecord(cell_id=cell, repeat=repeat, prompt_id="p", api="completion", stream=False, started_at=0,
+                         latency_s=0.1, status=200, text="x", token_ids=[1], completion_tokens=1, finish_reason="length")
+
+
+def test_a_half_written_last_line_is_dropped_with_a_warning(tmp_path, minimal):
+    results = ResultsDir.create(tmp_path, "r", parse_config(minimal))
+    results.add_request(_request("c", 1))
+    with open(results.path / "requests.jsonl", "a") as f:
+        f.write('{"type": "request", "cell_id": "c", "rep')  # the writer was killed here
+    assert [q.cell_id for q in results.requests()] == ["c"]
+    assert results.warnings and "half-written" in results.warnings[0]
+
+
+def test_a_damaged_line_in_the_middle_is_an_error_not_a_guess(tmp_path, minimal):
+    import pytest
+
+    from bench.results import ResultsError
+
+    results = ResultsDir.create(tmp_path, "r", parse_config(minimal))
+    (results.path / "runs.jsonl").write_text('{"garbage": 1}\n')
+    with pytest.raises(ResultsError, match="runs.jsonl:1"):
+        results.runs()
+
+
+def test_resume_keeps_finished_runs_and_forgets_unfinished_ones(tmp_path, minimal):
+    results = ResultsDir.create(tmp_path, "r", parse_config(minimal))
+    for repeat in (1, 2, 3):
+        results.add_request(_request("c", repeat))
+    results.add_run(RunRecord(cell_id="c", repeat=1, server=outcome()))
+    results.add_run(RunRecord(cell_id="c", repeat=2, server=outcome(), interrupted=True))
+    with open(results.path / "runs.jsonl", "a") as f:
+        f.write('{"type": "run", "cell_')  # repeat 3 was being recorded when the bench died
+    log_dir = results.run_dir("c", 3)
+    (log_dir / "server.log").write_text("first attempt\n")
+
+    done = ResultsDir(results.path).prepare_resume()
+    assert done == {("c", 1)}
+    again = ResultsDir(results.path)
+    assert [(r.cell_id, r.repeat) for r in again.runs()] == [("c", 1)]
+    assert [(q.cell_id, q.repeat) for q in again.requests()] == [("c", 1)]  # no duplicates later
+    assert again.warnings == []  # the half line was repaired away
+    results.run_dir("c", 3)  # the repeat starts over, its old log kept aside
+    assert (log_dir / "server.log.attempt-1").read_text() == "first attempt\n"
+    assert not (log_dir / "server.log").exists()
+
+
+def test_resume_of_a_folder_that_is_not_results_is_exit_2(tmp_path):
+    assert main(["run", "--resume", str(tmp_path)]) == 2
