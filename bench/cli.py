@@ -22,6 +22,8 @@ from bench.matrix import expand
 from bench.records import RunRecord
 from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, table
 from bench.launch import reap_local
+from bench.merge import merge
+from bench.slicing import github_matrix, parse_shard, slice_cells
 from bench.results import ResultsDir, ResultsError, new_run_id
 from bench.launch_docker import DockerUnavailable
 from bench.platforms import host_facts, select
@@ -76,6 +78,9 @@ def _interrupt_on_sigterm() -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     cells = expand(config)
+    if args.format == "github-matrix":
+        print(github_matrix(config, cells, args.shards))
+        return 0
     t_lines = [f"{config.name}: {len(cells)} cells × {config.repeats} repeats = {len(cells) * config.repeats} fresh servers"]
     for c in cells:
         role = "baseline" if c.is_baseline else (f"vs {c.baseline_id}" if c.baseline_id else "no baseline")
@@ -129,7 +134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_id = args.run_id or new_run_id(config.name)
         if not RUN_ID.match(run_id):
             raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
-    cells = select(expand(config), config, host_facts(), args.platform)
+    cells = slice_cells(select(expand(config), config, host_facts(), args.platform), args.cell,
+                        parse_shard(args.shard) if args.shard else None)
     if args.resume is None:
         try:
             results = ResultsDir.create(Path(args.results), run_id, config)
@@ -231,6 +237,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return _emit(report, args.json, render_audit)
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    try:
+        merged = merge([Path(d) for d in args.dirs], Path(args.out))
+    except (ResultsError, OSError) as exc:
+        raise ConfigError(f"merge: {exc}") from None
+    summary = regenerate(merged.path)
+    out.print(table(summary))
+    out.print(f"merged: {merged.path}", highlight=False)
+    return summary.exit_code
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     """Removes what a killed bench left running: containers by label, local servers by theirs."""
     from bench.launch_docker import clean, client
@@ -254,6 +271,9 @@ def parser() -> argparse.ArgumentParser:
                       help="also print the repeats needed to see a failure of rate P (0 < P <= 1) at least once")
     plan.add_argument("--confidence", type=float, metavar="C",
                       help="with --detect: the probability of seeing it (default 0.95); n = ceil(log(1-C)/log(1-P))")
+    plan.add_argument("--format", choices=["text", "github-matrix"], default="text",
+                      help="github-matrix: the JSON of a GitHub Actions strategy.matrix, one entry per platform and shard")
+    plan.add_argument("--shards", type=int, default=1, metavar="N", help="with github-matrix: shards per platform")
     plan.set_defaults(func=cmd_plan)
     run = sub.add_parser("run", help="run a matrix: a fresh server per repeat of every cell")
     run.add_argument("config", nargs="?")
@@ -262,7 +282,13 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--results", default="results", help="parent folder of the run's results (default: results)")
     run.add_argument("--run-id", help="name of the run's folder (default: timestamp-name)")
     run.add_argument("--platform", help="run this platform's cells (default: those of every profile this host matches)")
+    run.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable)")
+    run.add_argument("--shard", metavar="I/N", help="run the I-th of N round-robin slices of the cells")
     run.set_defaults(func=cmd_run)
+    merge_p = sub.add_parser("merge", help="merge the results folders of the slices of one run, reports regenerated")
+    merge_p.add_argument("dirs", nargs="+", metavar="DIR")
+    merge_p.add_argument("-o", "--out", required=True, help="parent folder of the merged run")
+    merge_p.set_defaults(func=cmd_merge)
     clean_p = sub.add_parser("clean", help="stop servers and remove containers a killed bench left behind (by label)")
     clean_p.add_argument("--run-id", help="only those of this run (default: all of regbench's on this host)")
     clean_p.set_defaults(func=cmd_clean)

@@ -184,3 +184,25 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path):
     assert processes_labelled(results) == []
     summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
     assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]
+
+
+def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path, smoke_run):
+    _, _, smoke_dir = smoke_run
+    config = one_cell_config(tmp_path, include=[{"image": "streamer-0.16.0"}])
+    for i in (1, 2):  # separate processes, separate results folders, one run id: CI jobs would
+        p = regbench("run", str(config), "--results", str(tmp_path / f"job{i}"), "--run-id", "nightly",
+                     "--shard", f"{i}/2")
+        output, _ = p.communicate(timeout=900)
+        assert p.returncode in (0, 1), output
+        assert len((tmp_path / f"job{i}" / "nightly" / "runs.jsonl").read_text().splitlines()) == 1
+    m = regbench("merge", str(tmp_path / "job1" / "nightly"), str(tmp_path / "job2" / "nightly"),
+                 "-o", str(tmp_path / "merged"))
+    output, _ = m.communicate(timeout=120)
+    assert m.returncode == 1, output
+    merged = {c.cell_id: c for c in Summary.model_validate_json(
+        (tmp_path / "merged" / "nightly" / "summary.json").read_text()).cells}
+    whole = {c.cell_id: c for c in Summary.model_validate_json((smoke_dir / "summary.json").read_text()).cells}
+    assert set(merged) == {c for c in whole if c.endswith("streamer-0.16.0")}
+    for cell_id, c in merged.items():
+        assert c.verdict == whole[cell_id].verdict
+        assert set(c.reasons) == set(whole[cell_id].reasons)  # divergence across slices included

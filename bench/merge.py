@@ -1,0 +1,69 @@
+"""Merge: the results folders of the slices of one run, put back into one folder.
+
+Slices are only merged when they are slices of the same thing: the same run id and the same
+matrix as run. A (cell, repeat) present in two slices is an error, not an overwrite. The reports
+are derived again from the merged JSONL, so divergence against a baseline cell that ran in
+another slice is judged too.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from bench.records import RunRecord
+from bench.results import ResultsDir, ResultsError
+
+
+def merge(sources: list[Path], out: Path) -> ResultsDir:
+    if len(sources) < 2:
+        raise ResultsError("merge needs at least two results folders")
+    slices = [ResultsDir(p) for p in sources]
+    for s in slices:
+        if not (s.path / "config.yaml").is_file():
+            raise ResultsError(f"{s.path}: not a regbench results directory (no config.yaml)")
+    run_ids = {s.path.name for s in slices}
+    if len(run_ids) != 1:
+        raise ResultsError(f"the folders are of different runs {sorted(run_ids)}: slices share one --run-id")
+    configs = {s.path: yaml.safe_load((s.path / "config.yaml").read_text(encoding="utf-8")) for s in slices}
+    first = next(iter(configs.values()))
+    for path, config in configs.items():
+        if config != first:
+            raise ResultsError(f"{path}: ran a different matrix than {slices[0].path}")
+
+    runs: list[RunRecord] = []
+    seen: dict[tuple[str, int], Path] = {}
+    for s in slices:
+        for r in s.runs():
+            key = (r.cell_id, r.repeat)
+            if key in seen:
+                raise ResultsError(f"{r.cell_id} #{r.repeat} is in both {seen[key]} and {s.path}")
+            seen[key] = s.path
+            runs.append(r)
+
+    target = out / run_ids.pop()
+    if target.exists():
+        raise ResultsError(f"{target} exists already")
+    target.mkdir(parents=True)
+    merged = ResultsDir(target)
+    shutil.copyfile(slices[0].path / "config.yaml", target / "config.yaml")
+    for s in slices:
+        if (s.path / "cells").is_dir():
+            shutil.copytree(s.path / "cells", target / "cells", dirs_exist_ok=True)
+    for r in runs:
+        merged.add_run(r)
+    for s in slices:
+        for q in s.requests():
+            if (q.cell_id, q.repeat) in seen and seen[(q.cell_id, q.repeat)] == s.path:
+                merged.add_request(q)
+    # Slices on one platform fingerprint the same images: keep each distinct record once.
+    for records, add in (([f for s in slices for f in s.fingerprints()], merged.add_fingerprint),
+                         ([p for s in slices for p in s.preflights()], merged.add_preflight)):
+        kept = set()
+        for record in records:
+            if record.model_dump_json() not in kept:
+                kept.add(record.model_dump_json())
+                add(record)
+    return merged
