@@ -17,7 +17,7 @@ from bench.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeErr
 from bench.audit import render as render_audit
 from bench.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.checkpoint import render as render_checkpoint
-from bench.config import ENV_NAME, ConfigError, load_config
+from bench.config import ENV_NAME, ConfigError, load_config, with_image_refs
 from bench.matrix import expand
 from bench.records import RunRecord
 from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, table
@@ -76,7 +76,7 @@ def _interrupt_on_sigterm() -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = with_image_refs(load_config(args.config), args.image or [])
     cells = expand(config)
     if args.format == "github-matrix":
         print(github_matrix(config, cells, args.shards))
@@ -130,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A killed bench leaves its servers running; they hold ports, memory and GPUs.
         reap_local(run_id)
     else:
-        config = load_config(args.config)
+        config = with_image_refs(load_config(args.config), args.image or [])
         run_id = args.run_id or new_run_id(config.name)
         if not RUN_ID.match(run_id):
             raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
@@ -274,6 +274,7 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", choices=["text", "github-matrix"], default="text",
                       help="github-matrix: the JSON of a GitHub Actions strategy.matrix, one entry per platform and shard")
     plan.add_argument("--shards", type=int, default=1, metavar="N", help="with github-matrix: shards per platform")
+    plan.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
     plan.set_defaults(func=cmd_plan)
     run = sub.add_parser("run", help="run a matrix: a fresh server per repeat of every cell")
     run.add_argument("config", nargs="?")
@@ -283,6 +284,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="name of the run's folder (default: timestamp-name)")
     run.add_argument("--platform", help="run this platform's cells (default: those of every profile this host matches)")
     run.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable)")
+    run.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
     run.add_argument("--shard", metavar="I/N", help="run the I-th of N round-robin slices of the cells")
     run.set_defaults(func=cmd_run)
     merge_p = sub.add_parser("merge", help="merge the results folders of the slices of one run, reports regenerated")

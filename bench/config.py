@@ -336,3 +336,21 @@ def resolve_paths(config: Config, base: Path) -> Config:
             ],
         }
     )
+
+
+def with_image_refs(config: Config, pairs: list[str]) -> Config:
+    """The config with image references replaced, from NAME=REF pairs (a CI input choosing the
+    tags to qualify). Raises ConfigError for an unknown image or a malformed pair."""
+    refs = {}
+    for pair in pairs:
+        name, sep, ref = pair.partition("=")
+        if not sep or not ref:
+            raise ConfigError(f"--image {pair!r}: use NAME=REF")
+        refs[name] = ref
+    unknown = sorted(set(refs) - {i.name for i in config.images})
+    if unknown:
+        raise ConfigError(f"--image: no image named {unknown} in the matrix")
+    data = config.model_dump(mode="json")
+    for image in data["images"]:
+        image["ref"] = refs.get(image["name"], image["ref"])
+    return parse_config(data, "--image")

@@ -18,8 +18,8 @@ from bench.results import ResultsDir, ResultsError
 
 
 def merge(sources: list[Path], out: Path) -> ResultsDir:
-    if len(sources) < 2:
-        raise ResultsError("merge needs at least two results folders")
+    if not sources:
+        raise ResultsError("merge needs at least one results folder")
     slices = [ResultsDir(p) for p in sources]
     for s in slices:
         if not (s.path / "config.yaml").is_file():

@@ -20,7 +20,13 @@ bash scripts/setup-vllm.sh 2>&1 | quiet_pip
   | grep -v -E 'Writing model shards|^\s*$' || true
 [ "${1:-}" = "--smoke" ] && exit 0
 
-# What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py), and
-# headless Chromium (tests/test_report_browser.py opens report.html in it).
+# What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py),
+# headless Chromium (tests/test_report_browser.py opens report.html in it), and the GitHub
+# Actions schema validator (tests/test_workflow.py).
 bash scripts/setup-docker.sh
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+if [ ! -x .cache/node/node_modules/.bin/action-validator ]; then
+  mkdir -p .cache/node
+  npm install --prefix .cache/node --silent --no-audit --no-fund \
+    @action-validator/cli@0.6.0 @action-validator/core@0.6.0 >/dev/null
+fi
