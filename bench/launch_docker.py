@@ -212,6 +212,8 @@ class DockerLauncher:
             environment=container_env(cell, self.config, self.host_env),
             volumes=mounts(cell, self.config.server.hub_cache),
             labels=labels(self.run_id, cell.id, repeat),
+            # Readable in `docker ps`; unique per run, and a resumed run removes its leftovers first.
+            name=f"regbench-{self.run_id}-{cell.id}-{repeat}",
         )
 
         def start() -> Container:
