@@ -206,3 +206,28 @@ def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path
     for cell_id, c in merged.items():
         assert c.verdict == whole[cell_id].verdict
         assert set(c.reasons) == set(whole[cell_id].reasons)  # divergence across slices included
+
+
+def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path):
+    # The seed's other symptom: a UnicodeDecodeError at exit. Injected through a site hook on the
+    # server's path, into an otherwise healthy server: only the exit-time scan can see it.
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import atexit\n"
+        "def _boom():\n"
+        "    b'\\xff'.decode('utf-8')\n"
+        "atexit.register(_boom)\n"
+    )
+    config = one_cell_config(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    for image in data["images"]:
+        image["pythonpath"].append(str(hook))
+    config.write_text(yaml.safe_dump(data))
+    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
+    output, _ = p.communicate(timeout=900)
+    assert p.returncode == 1, output
+    (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
+    assert cell.reasons == {"exit_exception": 1}, cell  # requests were fine, the exit was not
+    (run,) = [RunRecord.model_validate_json(x) for x in (tmp_path / "res" / "r" / "runs.jsonl").read_text().splitlines()]
+    assert any("UnicodeDecodeError" in f.detail for f in run.findings)
