@@ -81,12 +81,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.format == "github-matrix":
         print(github_matrix(config, cells, args.shards))
         return 0
-    t_lines = [f"{config.name}: {len(cells)} cells × {config.repeats} repeats = {len(cells) * config.repeats} fresh servers"]
+    n = config.repeat_count
+    auto = f" (auto: to see a {config.detect.rate:.0%} failure with {config.detect.confidence:.0%} probability)" \
+        if config.repeats == "auto" and config.detect else ""
+    t_lines = [f"{config.name}: {len(cells)} cells × {n} repeats{auto} = {len(cells) * n} fresh servers"]
     for c in cells:
         role = "baseline" if c.is_baseline else (f"vs {c.baseline_id}" if c.baseline_id else "no baseline")
         t_lines.append(f"  {c.id}  [{role}]")
     if args.detect is not None:
-        t_lines += ["", *_detection_lines(args.detect, args.confidence, config.repeats, len(cells))]
+        t_lines += ["", *_detection_lines(args.detect, args.confidence, n, len(cells))]
     elif args.confidence is not None:
         raise ConfigError("--confidence needs --detect P")
     print("\n".join(t_lines))

@@ -200,6 +200,14 @@ def _unique_names(items: list, what: str) -> None:
         raise ValueError(f"duplicate {what} names: {dupes}")
 
 
+class Detect(Strict):
+    """The failure to be able to see: one that happens in `rate` of fresh starts, seen at least
+    once with probability `confidence`."""
+
+    rate: float = Field(gt=0, le=1)
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
 class Config(Strict):
     name: Name
     launcher: Literal["local", "docker"] = "local"
@@ -207,7 +215,10 @@ class Config(Strict):
     load_formats: list[LoadFormat] = Field(min_length=1)
     platforms: list[Name] = Field(default=["cpu"], min_length=1)
     images: list[Image] = Field(min_length=1)
-    repeats: int = Field(default=1, ge=1, le=10_000)
+    # An int, or "auto": as many as `detect` needs to see a failure of that rate at least once.
+    repeats: int | Literal["auto"] = Field(default=1)
+    detect: Detect | None = None
+    early_stop: bool = False  # stop repeating a cell once its verdict can no longer change
     baseline: Name | None = None
     include: list[CellFilter] = []
     exclude: list[CellFilter] = []
@@ -217,11 +228,31 @@ class Config(Strict):
     # Filled in from configs/platforms/ by load_config; written out with the config as run.
     profiles: list[Platform] = []
 
+    @field_validator("repeats")
+    @classmethod
+    def _repeats(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 10_000:
+            raise ValueError(f"must be 1..10000 or auto, not {v}")
+        return v
+
+    @property
+    def repeat_count(self) -> int:
+        if self.repeats == "auto":
+            from bench.stats import repeats_needed
+
+            assert self.detect is not None  # checked by the validator
+            return repeats_needed(self.detect.rate, self.detect.confidence)
+        return self.repeats
+
     def profile(self, name: str) -> Platform:
         return next((p for p in self.profiles if p.name == name), Platform(name=name))
 
     @model_validator(mode="after")
     def _references(self) -> Config:
+        if self.repeats == "auto" and self.detect is None:
+            raise ValueError("repeats: auto needs `detect: {rate: P, confidence: C}`")
+        if self.repeats == "auto" and self.repeat_count > 10_000:
+            raise ValueError(f"detect asks for {self.repeat_count} repeats per cell; at most 10000")
         if self.launcher == "docker":
             missing = [i.name for i in self.images if i.ref is None]
             if missing:

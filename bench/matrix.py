@@ -65,7 +65,7 @@ def expand(config: Config) -> list[Cell]:
                 load_format=fmt,
                 platform=platform,
                 image=image,
-                repeats=config.repeats,
+                repeats=config.repeat_count,
                 is_baseline=fmt.name == config.baseline,
                 baseline_id=baseline,
             )

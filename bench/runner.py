@@ -23,6 +23,7 @@ from bench.records import RunRecord, Summary
 from bench.publish import write_reports
 from bench.report import summarize
 from bench.results import ResultsDir, log_tail, read_log
+from bench.stats import verdict_settled
 
 
 class Progress(Protocol):
@@ -115,8 +116,17 @@ def run_matrix(
             if image.name not in printed:
                 progress.status(f"fingerprint of {image.name}")
                 results.add_fingerprint(launcher.fingerprint(image))
+        failed: dict[str, list[bool]] = {}
+        for r in results.runs():
+            failed.setdefault(r.cell_id, []).append(r.failed)
         for cell, repeat in todo:
-            progress.run_done(run_one(config, cell, repeat, launcher, results, progress.status))
+            outcomes = failed.setdefault(cell.id, [])
+            if config.early_stop and outcomes and verdict_settled(sum(outcomes), len(outcomes), cell.repeats):
+                progress.status(f"{cell.id}: verdict settled after {len(outcomes)} runs, skipping #{repeat}")
+                continue
+            record = run_one(config, cell, repeat, launcher, results, progress.status)
+            outcomes.append(record.failed)
+            progress.run_done(record)
     except KeyboardInterrupt:
         interrupted = True
     summary = summarize(

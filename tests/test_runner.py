@@ -1,0 +1,105 @@
+"""The orchestrator with a stand-in launcher: what it writes, skips and resumes. The servers are
+the tests' fake OpenAI wire server: what is under test is the bench's bookkeeping, not vLLM."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.config import parse_config
+from bench.matrix import expand
+from bench.records import Fingerprint, ServerOutcome
+from bench.results import ResultsDir
+from bench.runner import run_matrix
+
+from .fakeserver import FakeServer
+
+
+class Live:
+    def __init__(self, mode: str, run_dir: Path):
+        self.fake = FakeServer(mode)
+        log = run_dir / "server.log"
+        log.write_text("fake server\n")
+        self.outcome = ServerOutcome(command=["fake", mode], port=0, log_path=str(log), started_at=time.time())
+
+    @property
+    def base_url(self) -> str:
+        return self.fake.url
+
+    def __enter__(self):
+        self.fake.__enter__()
+        self.outcome = self.outcome.model_copy(update={"boot_s": 0.01})
+        return self
+
+    def __exit__(self, *exc):
+        self.fake.__exit__(*exc)
+        self.outcome = self.outcome.model_copy(update={"exit_code": 0, "stop_requested_at_byte": 12, "shutdown_s": 0.0})
+
+
+class ScriptedLauncher:
+    """Serves repeat N of every cell with modes[N-1] ('ok' or 'empty')."""
+
+    def __init__(self, modes: list[str]):
+        self.modes = modes
+        self.started: list[tuple[str, int]] = []
+
+    def fingerprint(self, image):
+        return Fingerprint(image=image.name)
+
+    def server(self, cell, repeat, run_dir):
+        self.started.append((cell.id, repeat))
+        return Live(self.modes[repeat - 1], run_dir)
+
+
+def config(minimal, **changes):
+    minimal["exclude"] = [{"load_format": "runai_streamer"}]
+    minimal["workload"]["min_tokens"] = minimal["workload"]["max_tokens"] = 16
+    minimal.update(changes)
+    return parse_config(minimal)
+
+
+def test_a_run_writes_every_record_and_a_summary(tmp_path, minimal):
+    cfg = config(minimal, repeats=2)
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    launcher = ScriptedLauncher(["ok", "empty"])
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher)
+    assert launcher.started == [("m__safetensors__cpu__img", 1), ("m__safetensors__cpu__img", 2)]
+    assert len(results.runs()) == 2 and len(results.requests()) == 2
+    (cell,) = summary.cells
+    assert (cell.verdict, cell.failures, cell.runs) == ("flaky", 1, 2)
+    assert {"summary.json", "summary.md", "junit.xml", "report.html"} <= {p.name for p in results.path.iterdir()}
+
+
+def test_early_stop_skips_repeats_once_the_verdict_is_settled(tmp_path, minimal):
+    cfg = config(minimal, repeats=6, early_stop=True)
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    launcher = ScriptedLauncher(["ok", "empty", "ok", "ok", "ok", "ok"])
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher)
+    assert [r for _, r in launcher.started] == [1, 2]  # flaky after two: nothing can change that
+    assert summary.cells[0].verdict == "flaky"
+
+
+def test_without_early_stop_every_repeat_runs(tmp_path, minimal):
+    cfg = config(minimal, repeats=3)
+    launcher = ScriptedLauncher(["ok", "empty", "ok"])
+    run_matrix(cfg, expand(cfg), ResultsDir.create(tmp_path, "r", cfg), launcher=launcher)
+    assert [r for _, r in launcher.started] == [1, 2, 3]
+
+
+def test_auto_repeats_come_from_the_rate_to_detect(minimal):
+    cfg = config(minimal, repeats="auto", detect={"rate": 0.3, "confidence": 0.95})
+    assert [c.repeats for c in expand(cfg)] == [9]
+
+
+def test_resume_runs_only_what_is_not_done(tmp_path, minimal):
+    cfg = config(minimal, repeats=3)
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"] * 3))
+    lines = (results.path / "runs.jsonl").read_text().splitlines()
+    (results.path / "runs.jsonl").write_text("\n".join(lines[:1]) + "\n")  # as if killed after #1
+    again = ResultsDir(results.path)
+    done = again.prepare_resume()
+    launcher = ScriptedLauncher(["ok"] * 3)
+    summary = run_matrix(cfg, expand(cfg), again, launcher=launcher, done=frozenset(done))
+    assert [r for _, r in launcher.started] == [2, 3]
+    assert summary.cells[0].runs == 3 and len(again.requests()) == 3
