@@ -111,7 +111,7 @@ class Handle(Protocol):
     """A started server, whatever it runs in."""
 
     def poll(self) -> int | None: ...  # exit code once it has exited
-    def signal(self, sig: signal.Signals) -> None: ...  # to every process of the server
+    def signal(self, sig: signal.Signals) -> bool: ...  # to all of the server; False: it was gone
     def wait(self, timeout: float | None) -> int | None: ...  # exit code, None on time-out
     def log_size(self) -> int: ...  # bytes of log captured so far
     def identity(self) -> str | None: ...  # the image id a container runs; None for processes
@@ -209,8 +209,11 @@ class Server:
             killed = False
             code = early
             if early is None:
-                handle.signal(signal.SIGTERM)
+                delivered = handle.signal(signal.SIGTERM)
                 code = handle.wait(self.shutdown_timeout_s)
+                if not delivered and code is not None:
+                    # It died between the last look and the stop: a death while serving.
+                    self._update(exited_early_code=code)
                 if code is None:
                     killed = True
                     handle.signal(signal.SIGKILL)
@@ -247,11 +250,14 @@ class ProcessGroup:
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def signal(self, sig: signal.Signals) -> None:
+    def signal(self, sig: signal.Signals) -> bool:
+        if self.proc.poll() is not None:
+            return False
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
-            pass
+            return False
+        return True
 
     def wait(self, timeout: float | None) -> int | None:
         try:
@@ -267,7 +273,10 @@ class ProcessGroup:
 
     def cleanup(self) -> None:
         # The leader may be gone while children linger (an engine core, a resource tracker).
-        self.signal(signal.SIGKILL)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         if self.proc.poll() is None:
             self.proc.wait()
         # Sockets and compile caches are per run and worthless afterwards; the log stays.

@@ -165,11 +165,12 @@ class Container:
             return int(self.container.attrs["State"]["ExitCode"])
         return None
 
-    def signal(self, sig: signal.Signals) -> None:
+    def signal(self, sig: signal.Signals) -> bool:
         try:
             self.container.kill(signal=sig.name)
         except docker.errors.APIError:
-            pass  # not running any more
+            return False  # not running any more
+        return True
 
     def wait(self, timeout: float | None) -> int | None:
         try:
