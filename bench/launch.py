@@ -38,6 +38,7 @@ from bench.records import Fingerprint, ServerOutcome
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
 _POLL_S = 0.5
+_DYING_S = 5.0
 
 
 def free_port() -> int:
@@ -188,6 +189,12 @@ class Server:
                     raise BootError(self.outcome.boot_error)
                 time.sleep(_POLL_S)
 
+    def _answers_health(self) -> bool:
+        try:
+            return httpx.get(self.health_url, timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def _stop(self) -> None:
         # A second Ctrl-C must not cut the clean-up short: hold signals until the server is gone.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -202,6 +209,10 @@ class Server:
             return
         try:
             early = handle.poll()
+            if early is None and self.outcome.boot_s is not None and not self._answers_health():
+                # Not answering any more: give a dying server a moment to be seen dead, so that a
+                # crash while serving is not mistaken for a bad exit after our SIGTERM.
+                early = handle.wait(_DYING_S)
             if early is not None and self.outcome.exited_early_code is None:
                 self._update(exited_early_code=early)
             self._update(stop_requested_at_byte=handle.log_size())

@@ -155,3 +155,10 @@ def test_docker_launcher_needs_image_refs(minimal):
     minimal["launcher"] = "docker"
     with pytest.raises(ConfigError, match="needs `ref`"):
         parse_config(minimal)
+
+
+def test_a_server_gone_before_the_stop_is_a_death_while_serving(tmp_path):
+    p = proc(tmp_path, "ok")
+    with p:
+        os.killpg(p.handle.proc.pid, 9)  # killed from outside, after it became healthy
+    assert p.outcome.exited_early_code == -9 and p.outcome.exit_code == -9 and not p.outcome.killed
