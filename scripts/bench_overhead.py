@@ -58,9 +58,11 @@ def with_regbench(config: Path, results: Path, n: int) -> tuple[float, float]:
     return whole, cell
 
 
-def send_bare_requests(base: str, cell, w) -> None:
+def send_bare_requests(base: str, cell, w, proc: subprocess.Popen) -> None:
     with httpx.Client(timeout=60) as client:
         while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the bare server exited with {proc.returncode}; see its server.log")
             try:
                 if client.get(f"{base}/health").status_code == 200:
                     break
@@ -90,11 +92,12 @@ def bare(config_path: Path, scratch: Path) -> float:
     t0 = time.perf_counter()
     with open(scratch / "server.log", "wb") as log:
         proc = subprocess.Popen(vllm_argv(cell, config.server, port),
-                                env=vllm_env(cell, config.server, scratch, dict(os.environ)),
+                                env=vllm_env(cell, config.server, scratch, dict(os.environ),
+                                             config.profile(cell.platform)),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        send_bare_requests(base, cell, w)
+        send_bare_requests(base, cell, w, proc)
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
     finally:
