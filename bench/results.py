@@ -133,9 +133,6 @@ class ResultsDir:
             os.fsync(f.fileno())
         os.replace(tmp, self.path / name)
 
-    def write_summary(self, summary: Summary, markdown: str) -> None:
-        (self.path / "summary.json").write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        (self.path / "summary.md").write_text(markdown, encoding="utf-8")
 
 
 def read_jsonl(path: Path, model: type[T]) -> tuple[list[T], str | None]:
