@@ -95,6 +95,26 @@ def heatmap(cells: list[CellSummary]) -> str:
 # --- the plot ---------------------------------------------------------------------------------
 
 
+def _plot_head(title: str, unit: str, vmax: float, w: int, h: int, left: int, bottom: int, top: int) -> list[str]:
+    """The frame both per-run plots share: title, x axis, y range labels."""
+    return [
+        f'<svg class="plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{e(title)}">',
+        f'<text x="6" y="14" class="pt">{e(title)}</text>',
+        f'<line x1="{left}" y1="{h - bottom}" x2="{w - 4}" y2="{h - bottom}" class="axis"/>',
+        f'<text x="{left - 4}" y="{top + 4}" class="yl">{vmax:.3g}{e(unit)}</text>',
+        f'<text x="{left - 4}" y="{h - bottom}" class="yl">0</text>',
+    ]
+
+
+def _plot_close(parts: list[str], points: list, w: int, h: int, left: int) -> str:
+    """The first and last repeat under the x axis, and the end of the SVG."""
+    if points:
+        parts.append(f'<text x="{left}" y="{h - 4}" class="xl">#{points[0][0]}</text>')
+        parts.append(f'<text x="{w - 4}" y="{h - 4}" class="xl end">#{points[-1][0]}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def _bars_svg(title: str, points: list[tuple[int, float | None]], failed: set[int], unit: str) -> str:
     w, h, left, bottom, top = 360, 140, 40, 18, 26
     vals = [v for _, v in points if v is not None]
@@ -103,13 +123,7 @@ def _bars_svg(title: str, points: list[tuple[int, float | None]], failed: set[in
     n = max(len(points), 1)
     step = (w - left - 6) / n
     bw = max(step * 0.7, 1.0)
-    parts = [
-        f'<svg class="plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{e(title)}">',
-        f'<text x="6" y="14" class="pt">{e(title)}</text>',
-        f'<line x1="{left}" y1="{h - bottom}" x2="{w - 4}" y2="{h - bottom}" class="axis"/>',
-        f'<text x="{left - 4}" y="{top + 4}" class="yl">{vmax:.3g}{e(unit)}</text>',
-        f'<text x="{left - 4}" y="{h - bottom}" class="yl">0</text>',
-    ]
+    parts = _plot_head(title, unit, vmax, w, h, left, bottom, top)
     for i, (repeat, v) in enumerate(points):
         x = left + i * step + (step - bw) / 2
         cls = "b-fail" if repeat in failed else "b-pass"
@@ -121,11 +135,7 @@ def _bars_svg(title: str, points: list[tuple[int, float | None]], failed: set[in
             f'<rect x="{x:.1f}" y="{h - bottom - bh:.1f}" width="{bw:.1f}" height="{bh:.1f}" class="{cls}">'
             f"<title>#{repeat}: {v:.2f}{e(unit)}</title></rect>"
         )
-    if points:
-        parts.append(f'<text x="{left}" y="{h - 4}" class="xl">#{points[0][0]}</text>')
-        parts.append(f'<text x="{w - 4}" y="{h - 4}" class="xl end">#{points[-1][0]}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    return _plot_close(parts, points, w, h, left)
 
 
 def _latency_svg(points: list[tuple[int, list[float]]], failed: set[int]) -> str:
@@ -137,14 +147,7 @@ def _latency_svg(points: list[tuple[int, list[float]]], failed: set[int]) -> str
     n = max(len(points), 1)
     step = (w - left - 6) / n
     scale = (h - bottom - top) / vmax
-    parts = [
-        f'<svg class="plot" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
-        'aria-label="request latency per run">',
-        f'<text x="6" y="14" class="pt">request latency per run (min–median–max)</text>',
-        f'<line x1="{left}" y1="{h - bottom}" x2="{w - 4}" y2="{h - bottom}" class="axis"/>',
-        f'<text x="{left - 4}" y="{top + 4}" class="yl">{vmax:.3g}s</text>',
-        f'<text x="{left - 4}" y="{h - bottom}" class="yl">0</text>',
-    ]
+    parts = _plot_head("request latency per run (min–median–max)", "s", vmax, w, h, left, bottom, top)
     for i, (repeat, lat) in enumerate(points):
         x = left + i * step + step / 2
         if not lat:
@@ -158,11 +161,7 @@ def _latency_svg(points: list[tuple[int, list[float]]], failed: set[int]) -> str
             f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{h - bottom - lo * scale:.1f}" y2="{h - bottom - hi * scale:.1f}"/>'
             f'<circle cx="{x:.1f}" cy="{h - bottom - med * scale:.1f}" r="{min(3.0, max(step / 3, 1.0)):.1f}"/></g>'
         )
-    if points:
-        parts.append(f'<text x="{left}" y="{h - 4}" class="xl">#{points[0][0]}</text>')
-        parts.append(f'<text x="{w - 4}" y="{h - 4}" class="xl end">#{points[-1][0]}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    return _plot_close(parts, points, w, h, left)
 
 
 # --- one cell's details -----------------------------------------------------------------------
