@@ -17,7 +17,7 @@ from bench.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeErr
 from bench.audit import render as render_audit
 from bench.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.checkpoint import render as render_checkpoint
-from bench.config import ENV_NAME, ConfigError, load_config, with_image_refs
+from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
 from bench.matrix import expand
 from bench.records import RunRecord
 from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, table
@@ -27,7 +27,7 @@ from bench.slicing import github_matrix, parse_shard, slice_cells
 from bench.results import ResultsDir, ResultsError, new_run_id
 from bench.launch_docker import DockerUnavailable
 from bench.platforms import host_facts, select
-from bench.runner import make_launcher, run_matrix
+from bench.runner import check_devices, make_launcher, run_matrix
 from bench.compare import AXES, compare, format_comparison
 from bench.publish import load_side, regenerate
 from bench.stats import detection_probability, percent_range, repeats_needed, wilson_interval
@@ -137,8 +137,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_id = args.run_id or new_run_id(config.name)
         if not RUN_ID.match(run_id):
             raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")
+    if args.devices is not None:
+        config = with_devices(config, args.devices)
     cells = slice_cells(select(expand(config), config, host_facts(), args.platform), args.cell,
                         parse_shard(args.shard) if args.shard else None)
+    check_devices(config, cells)
     if args.resume is None:
         try:
             results = ResultsDir.create(Path(args.results), run_id, config)
@@ -289,6 +292,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable)")
     run.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
     run.add_argument("--shard", metavar="I/N", help="run the I-th of N round-robin slices of the cells")
+    run.add_argument("--devices", metavar="LIST",
+                     help="devices this run may take, e.g. 0,1 or 4-7 or none: cells run side by side, each "
+                          "on its own (default: the platform profile's `devices`)")
     run.set_defaults(func=cmd_run)
     merge_p = sub.add_parser("merge", help="merge the results folders of the slices of one run, reports regenerated")
     merge_p.add_argument("dirs", nargs="+", metavar="DIR")

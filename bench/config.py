@@ -39,6 +39,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_TP_ARGS = ("--tensor-parallel-size", "-tp")
+
+
+def _no_tensor_parallel_arg(args: list[str]) -> None:
+    # The runner must know how many devices a server takes; one place says it.
+    for arg in args:
+        if arg.split("=", 1)[0] in _TP_ARGS:
+            raise ValueError(f"{arg!r}: set the model's `tensor_parallel_size` instead")
+
+
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     for key in env:
         if not ENV_NAME.match(key):
@@ -51,6 +61,15 @@ class Model(Strict):
     path: str = Field(min_length=1, description="local checkpoint directory or hub id")
     served_name: Name | None = None
     server_args: list[str] = []
+    # Devices each server of this model takes (vLLM's --tensor-parallel-size, passed by the
+    # launcher): the runner gives it that many of the platform's `devices`.
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("server_args")
+    @classmethod
+    def _no_tp_arg(cls, v: list[str]) -> list[str]:
+        _no_tensor_parallel_arg(v)
+        return v
 
     @property
     def served(self) -> str:
@@ -155,6 +174,12 @@ class Server(Strict):
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
+    @field_validator("args")
+    @classmethod
+    def _no_tp_arg(cls, v: list[str]) -> list[str]:
+        _no_tensor_parallel_arg(v)
+        return v
+
     @field_validator("env_passthrough")
     @classmethod
     def _names(cls, v: list[str]) -> list[str]:
@@ -189,8 +214,20 @@ class Platform(Strict):
     docker: DockerOptions = DockerOptions()
     env: dict[str, str] = {}
     runner_labels: list[str] = []
+    # The host's devices that cells may be given, one server's worth each at a time (bench.slots).
+    # Empty: cells run one after another with whatever the platform gives them (the default).
+    # GPUs by CUDA index; on the CPU platform CPU numbers, each server pinned to its own.
+    devices: list[Annotated[str, Field(pattern=r"^[0-9]{1,4}$")]] = []
+    device_kind: Literal["gpu", "cpu"] = "gpu"
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @field_validator("devices")
+    @classmethod
+    def _unique_devices(cls, v: list[str]) -> list[str]:
+        if len(v) != len(set(v)):
+            raise ValueError(f"duplicate devices: {sorted({d for d in v if v.count(d) > 1})}")
+        return v
 
 
 def _unique_names(items: list, what: str) -> None:
@@ -385,3 +422,27 @@ def with_image_refs(config: Config, pairs: list[str]) -> Config:
     for image in data["images"]:
         image["ref"] = refs.get(image["name"], image["ref"])
     return parse_config(data, "--image")
+
+
+def parse_devices(spec: str) -> list[str]:
+    """'0,1', '4-7', '0,2-3' or 'none' → device numbers; raises ConfigError."""
+    if spec.strip() == "none":
+        return []
+    out: list[str] = []
+    for part in spec.split(","):
+        first, sep, last = part.strip().partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()) or (sep and int(last) < int(first)):
+            raise ConfigError(f"--devices {spec!r}: use numbers and ranges like 0,1 or 4-7, or none")
+        out += [str(n) for n in range(int(first), int(last if sep else first) + 1)]
+    if len(out) != len(set(out)) or len(out) > 4096:
+        raise ConfigError(f"--devices {spec!r}: a device named twice, or too many")
+    return out
+
+
+def with_devices(config: Config, spec: str) -> Config:
+    """The config with every platform profile's devices replaced (`regbench run --devices`):
+    the host knows which of its devices a run may take."""
+    devices = parse_devices(spec)
+    return config.model_copy(
+        update={"profiles": [p.model_copy(update={"devices": devices}) for p in config.profiles]}
+    )

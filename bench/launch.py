@@ -33,7 +33,7 @@ from bench.config import Config, Image, Platform
 from bench.config import Server as ServerConfig
 from bench.matrix import Cell
 from bench.fingerprint import fingerprint
-from bench.records import Fingerprint, ServerOutcome
+from bench.records import Devices, Fingerprint, ServerOutcome
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
@@ -57,6 +57,8 @@ def serve_args(cell: Cell, server: ServerConfig, port: int, model_path: str) -> 
     ]
     if cell.load_format.model_loader_extra_config:
         args += ["--model-loader-extra-config", json.dumps(cell.load_format.model_loader_extra_config)]
+    if cell.model.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(cell.model.tensor_parallel_size)]
     return args + list(server.args) + list(cell.model.server_args)
 
 
@@ -92,6 +94,25 @@ def server_env(cell: Cell, server: ServerConfig, platform: Platform) -> dict[str
     env.update(cell.image.env)
     env.update(cell.load_format.env)
     return env
+
+
+def device_env(devices: Devices | None) -> dict[str, str]:
+    """What binds a local server to its devices (pure). GPUs: CUDA numbers them from the
+    visible set. CPUs: vLLM's CPU backend pins each tensor-parallel rank's OpenMP threads to
+    its own list ('|' between ranks); the process as a whole is pinned by `device_argv`."""
+    if devices is None:
+        return {}
+    if devices.kind == "gpu":
+        return {"CUDA_VISIBLE_DEVICES": ",".join(devices.ids)}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(devices.ids)}
+
+
+def device_argv(devices: Devices | None, argv: list[str]) -> list[str]:
+    """The command pinned to its CPUs, so that the API server and engine processes stay off
+    the CPUs of other servers too, not only the OpenMP threads (pure)."""
+    if devices is None or devices.kind != "cpu":
+        return argv
+    return ["taskset", "--cpu-list", ",".join(devices.ids), *argv]
 
 
 def vllm_env(
@@ -131,6 +152,7 @@ class Server:
         boot_timeout_s: float,
         shutdown_timeout_s: float,
         health_path: str = "/health",
+        devices: Devices | None = None,
     ):
         self._start_handle = start
         self.port = port
@@ -139,7 +161,11 @@ class Server:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.health_url = f"http://{HOST}:{port}{health_path}"
         self.handle: Handle | None = None
-        self.outcome = ServerOutcome(command=command, port=port, log_path=str(log_path), started_at=time.time())
+        # Polled while booting; the runner sets it so that stopping a run does not wait out a boot.
+        self.should_stop: Callable[[], bool] = lambda: False
+        self.outcome = ServerOutcome(
+            command=command, port=port, log_path=str(log_path), started_at=time.time(), devices=devices
+        )
 
     @property
     def base_url(self) -> str:
@@ -187,6 +213,8 @@ class Server:
                 if time.monotonic() >= deadline:
                     self._update(boot_error=f"not healthy after {self.boot_timeout_s:g} s")
                     raise BootError(self.outcome.boot_error)
+                if self.should_stop():
+                    raise KeyboardInterrupt
                 time.sleep(_POLL_S)
 
     def _answers_health(self) -> bool:
@@ -201,6 +229,8 @@ class Server:
         try:
             self._reap()
         finally:
+            if self.outcome.ended_at is None:
+                self._update(ended_at=time.time())
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _reap(self) -> None:
@@ -325,7 +355,7 @@ def reap_local(run_id: str | None = None) -> list[int]:
 
 
 class Launcher(Protocol):
-    def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server: ...
+    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server: ...
     def fingerprint(self, image: Image) -> Fingerprint: ...
 
 
@@ -339,10 +369,10 @@ class LocalLauncher:
     def fingerprint(self, image: Image) -> Fingerprint:
         return fingerprint(image, image_env(image, self.base_env))
 
-    def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server:
+    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server:
         port = free_port()
         server = self.config.server
-        argv = vllm_argv(cell, server, port)
+        argv = device_argv(devices, vllm_argv(cell, server, port))
         log_path = run_dir / "server.log"
 
         def start() -> ProcessGroup:
@@ -350,8 +380,10 @@ class LocalLauncher:
             # so the scratch space is a short path of its own, not a folder under the results.
             scratch = Path(tempfile.mkdtemp(prefix="regbench-"))
             env = vllm_env(cell, server, scratch, self.base_env, self.config.profile(cell.platform))
+            env.update(device_env(devices))
             # A label every process of the server inherits, so leftovers can be found by it.
             env[RUN_LABEL] = str(run_dir)
             return ProcessGroup(argv, env, run_dir, log_path, scratch)
 
-        return Server(start, argv, port, log_path, server.boot_timeout_s, server.shutdown_timeout_s)
+        return Server(start, argv, port, log_path, server.boot_timeout_s, server.shutdown_timeout_s,
+                      devices=devices)

@@ -33,9 +33,9 @@ import requests.exceptions
 
 from bench.config import Config, Image, Platform
 from bench.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
-from bench.launch import HOST, Server, StartError, free_port, serve_args, server_env
+from bench.launch import HOST, Server, StartError, device_env, free_port, serve_args, server_env
 from bench.matrix import Cell
-from bench.records import Fingerprint
+from bench.records import Devices, Fingerprint
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -75,10 +75,17 @@ def mounts(cell: Cell, hub_cache: str | None) -> dict[str, dict[str, str]]:
     return volumes
 
 
-def container_env(cell: Cell, config: Config, host_env: dict[str, str]) -> dict[str, str]:
-    """The container's environment (pure): the cell's variables, the overlay, and the values of
-    the passed-through names that are set on the host."""
-    env = server_env(cell, config.server, config.profile(cell.platform))
+def container_env(
+    cell: Cell, config: Config, host_env: dict[str, str], devices: Devices | None = None
+) -> dict[str, str]:
+    """The container's environment (pure): the cell's variables, the overlay, the devices it was
+    given, and the values of the passed-through names that are set on the host."""
+    platform = config.profile(cell.platform)
+    env = server_env(cell, config.server, platform)
+    if devices is not None and devices.kind == "cpu":
+        env.update(device_env(devices))  # CPU numbers are the host's inside a cpuset too
+    elif devices is not None and platform.docker.runtime:
+        env["NVIDIA_VISIBLE_DEVICES"] = ",".join(devices.ids)
     if cell.image.pythonpath:
         env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(cell.image.pythonpath)))
     for name in config.server.env_passthrough:
@@ -87,15 +94,26 @@ def container_env(cell: Cell, config: Config, host_env: dict[str, str]) -> dict[
     return env
 
 
-def run_options(platform: Platform) -> dict:
-    """docker-py `containers.create` options of a platform profile (pure)."""
+def run_options(platform: Platform, devices: Devices | None = None) -> dict:
+    """docker-py `containers.create` options of a platform profile, for a server given
+    `devices` (pure). Devices given replace the profile's `gpus` count: the container sees
+    exactly its own (by device id, or through NVIDIA_VISIBLE_DEVICES with the nvidia runtime),
+    or is confined to its CPUs."""
     d = platform.docker
     opts: dict = {"network_mode": "host", "shm_size": d.shm_size}
     if d.ipc_host:
         opts["ipc_mode"] = "host"
     if d.runtime:
         opts["runtime"] = d.runtime
-    if d.gpus != "none":
+    if devices is not None and devices.kind == "cpu":
+        opts["cpuset_cpus"] = ",".join(devices.ids)
+    elif devices is not None and d.runtime:
+        pass  # the nvidia runtime picks devices from NVIDIA_VISIBLE_DEVICES: see container_env
+    elif devices is not None:
+        opts["device_requests"] = [
+            docker.types.DeviceRequest(device_ids=list(devices.ids), capabilities=[["gpu"]])
+        ]
+    elif d.gpus != "none":
         count = -1 if d.gpus == "all" else int(d.gpus)
         opts["device_requests"] = [docker.types.DeviceRequest(count=count, capabilities=[["gpu"]])]
     if d.ulimits:
@@ -204,13 +222,13 @@ class DockerLauncher:
         self.docker = docker_client or client()
         self.host_env = dict(os.environ if host_env is None else host_env)
 
-    def server(self, cell: Cell, repeat: int, run_dir: Path) -> Server:
+    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server:
         port = free_port()
         command = serve_args(cell, self.config.server, port, container_model_path(cell))
         log_path = run_dir / "server.log"
         create = dict(
-            run_options(self.config.profile(cell.platform)),
-            environment=container_env(cell, self.config, self.host_env),
+            run_options(self.config.profile(cell.platform), devices),
+            environment=container_env(cell, self.config, self.host_env, devices),
             volumes=mounts(cell, self.config.server.hub_cache),
             labels=labels(self.run_id, cell.id, repeat),
             # Readable in `docker ps`; unique per run, and a resumed run removes its leftovers first.
@@ -222,7 +240,8 @@ class DockerLauncher:
             return Container(self.docker, img.id, command, create, log_path)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
-                      self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s)
+                      self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s,
+                      devices=devices)
 
     def fingerprint(self, image: Image) -> Fingerprint:
         """The probe run inside the image, with the image's overlay; a failure is recorded."""

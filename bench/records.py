@@ -40,6 +40,13 @@ class RequestRecord(Record):
     error: str | None = None
 
 
+class Devices(Record):
+    """The devices one server was given (bench.slots); the launcher binds it to exactly these."""
+
+    kind: Literal["gpu", "cpu"]
+    ids: tuple[str, ...]
+
+
 class ServerOutcome(Record):
     """What the launcher observed of one server's life, from start to reaped."""
 
@@ -56,6 +63,8 @@ class ServerOutcome(Record):
     image_id: str | None = None  # what actually ran, for containers
     killed: bool = False  # needed SIGKILL after the grace period
     shutdown_s: float | None = None
+    devices: Devices | None = None  # None: not bound to devices (a platform without `devices`)
+    ended_at: float | None = None  # wall clock once nothing of the server was left
 
 
 class Finding(Record):

@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from bench.client import run_workload
-from bench.config import Config
+from bench.config import Config, ConfigError
 from bench.judge import judge_run
 from bench.launch import BootError, Launcher, LocalLauncher
 from bench.matrix import Cell
 from bench.preflight import preflight
-from bench.records import RunRecord, Summary
+from bench.records import Devices, RunRecord, Summary
 from bench.publish import write_reports
 from bench.report import summarize
 from bench.results import ResultsDir, log_tail, read_log
+from bench.slots import Cancelled, SlotPool
 from bench.stats import verdict_settled
+
+T = TypeVar("T")
 
 
 class Progress(Protocol):
@@ -38,14 +44,33 @@ class NoProgress:
     def run_done(self, record: RunRecord) -> None: ...
 
 
+class _Stopped(Exception):
+    """The run is being stopped (Ctrl-C, SIGTERM, or another worker's fatal error)."""
+
+
+async def _unless_stopped(work: Awaitable[T], stop: threading.Event) -> T:
+    task = asyncio.ensure_future(work)
+    while True:
+        finished, _ = await asyncio.wait({task}, timeout=0.2)
+        if finished:
+            return task.result()
+        if stop.is_set():
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            raise _Stopped()
+
+
 def run_one(
     config: Config, cell: Cell, repeat: int, launcher: Launcher, results: ResultsDir,
-    status: Callable[[str], None],
+    status: Callable[[str], None], devices: Devices | None = None, stop: threading.Event | None = None,
 ) -> RunRecord:
-    """One fresh server: boot, send the workload, stop, judge. KeyboardInterrupt propagates
-    after the server is down and an interrupted run record is on disk."""
+    """One fresh server: boot, send the workload, stop, judge. When `stop` is set the server is
+    taken down, an interrupted run record is written and KeyboardInterrupt is raised."""
+    stop = stop or threading.Event()
     run_dir = results.run_dir(cell.id, repeat)
-    server = launcher.server(cell, repeat, run_dir)
+    server = launcher.server(cell, repeat, run_dir, devices)
+    server.should_stop = stop.is_set
     requests = []
     requests_s = None
     interrupted = False
@@ -55,18 +80,20 @@ def run_one(
             status(f"{cell.id} #{repeat}: serving")
             t0 = time.monotonic()
             requests = asyncio.run(
-                run_workload(
-                    server.base_url, cell.model.served, config.workload,
-                    cell_id=cell.id, repeat=repeat, on_record=results.add_request,
+                _unless_stopped(
+                    run_workload(
+                        server.base_url, cell.model.served, config.workload,
+                        cell_id=cell.id, repeat=repeat, on_record=results.add_request,
+                    ),
+                    stop,
                 )
             )
             requests_s = time.monotonic() - t0
             status(f"{cell.id} #{repeat}: stopping")
     except BootError:
         pass  # the outcome says how; judged below like any other run
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Stopped):
         interrupted = True
-        raise
     finally:
         outcome = server.outcome
         log = Path(outcome.log_path)
@@ -81,6 +108,8 @@ def run_one(
             requests_s=requests_s, findings=findings, interrupted=interrupted,
         )
         results.add_run(record)
+    if interrupted:
+        raise KeyboardInterrupt
     return record
 
 
@@ -92,6 +121,28 @@ def make_launcher(config: Config, run_id: str) -> Launcher:
     return LocalLauncher(config)
 
 
+def check_devices(config: Config, cells: list[Cell]) -> None:
+    """Raises ConfigError for a cell that needs more devices than its platform lists (pure)."""
+    for cell in cells:
+        profile = config.profile(cell.platform)
+        need = cell.model.tensor_parallel_size
+        if profile.devices and need > len(profile.devices):
+            raise ConfigError(
+                f"{cell.id} needs {need} devices (tensor_parallel_size) and platform "
+                f"{profile.name} lists {len(profile.devices)}: {profile.devices}"
+            )
+
+
+def device_pools(config: Config, cells: list[Cell], locks: Path | None = None) -> dict[str, SlotPool]:
+    """A pool per platform whose profile lists devices."""
+    check_devices(config, cells)
+    pools = {}
+    for profile in {config.profile(c.platform).name: config.profile(c.platform) for c in cells}.values():
+        if profile.devices:
+            pools[profile.name] = SlotPool(profile.device_kind, profile.devices, locks)
+    return pools
+
+
 def run_matrix(
     config: Config,
     cells: list[Cell],
@@ -99,14 +150,72 @@ def run_matrix(
     launcher: Launcher | None = None,
     progress: Progress | None = None,
     done: frozenset[tuple[str, int]] = frozenset(),
+    locks: Path | None = None,
 ) -> Summary:
-    """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation)."""
+    """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation).
+
+    Cells of a platform with `devices` run concurrently, each server on its own devices (one
+    worker per device, each holding as many as its cell needs); the others one at a time.
+    Ctrl-C (KeyboardInterrupt in the calling thread) stops every server and ends the run as
+    interrupted; an error in a worker (results that cannot be written) stops the others too and
+    is raised once every server is down."""
     launcher = launcher or make_launcher(config, results.path.name)
     progress = progress or NoProgress()
+    pools = device_pools(config, cells, locks)
     started = time.time()
     interrupted = False
-    todo = [(cell, repeat) for cell in cells for repeat in range(1, cell.repeats + 1) if (cell.id, repeat) not in done]
+    todo = deque((cell, repeat) for cell in cells for repeat in range(1, cell.repeats + 1)
+                 if (cell.id, repeat) not in done)
     progress.start(len(todo))
+    stop = threading.Event()
+    book = threading.Lock()  # guards todo, failed and progress
+    one_at_a_time = threading.Lock()  # for cells of platforms without devices
+    errors: list[BaseException] = []
+
+    def next_job() -> tuple[Cell, int] | None:
+        with book:
+            while todo and not stop.is_set():
+                cell, repeat = todo.popleft()
+                outcomes = failed.setdefault(cell.id, [])
+                if config.early_stop and outcomes and verdict_settled(sum(outcomes), len(outcomes), cell.repeats):
+                    progress.status(f"{cell.id}: verdict settled after {len(outcomes)} runs, skipping #{repeat}")
+                    continue
+                return cell, repeat
+        return None
+
+    def run_job(cell: Cell, repeat: int) -> None:
+        pool = pools.get(cell.platform)
+        if pool is None:
+            while not one_at_a_time.acquire(timeout=0.2):
+                if stop.is_set():
+                    return
+            try:
+                record = run_one(config, cell, repeat, launcher, results, progress.status, None, stop)
+            finally:
+                one_at_a_time.release()
+        else:
+            try:
+                devices = pool.acquire(cell.model.tensor_parallel_size, stop.is_set, progress.status)
+            except Cancelled:
+                return
+            try:
+                record = run_one(config, cell, repeat, launcher, results, progress.status, devices, stop)
+            finally:
+                pool.release(devices)
+        with book:
+            failed[cell.id].append(record.failed)
+            progress.run_done(record)
+
+    def worker() -> None:
+        try:
+            while (job := next_job()) is not None:
+                run_job(*job)
+        except KeyboardInterrupt:
+            pass  # the run is being stopped; the record says so
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
+            errors.append(exc)
+            stop.set()
+
     try:
         if config.preflight and not results.preflights():
             for record in preflight(config, cells, progress.status):
@@ -119,19 +228,38 @@ def run_matrix(
         failed: dict[str, list[bool]] = {}
         for r in results.runs():
             failed.setdefault(r.cell_id, []).append(r.failed)
-        for cell, repeat in todo:
-            outcomes = failed.setdefault(cell.id, [])
-            if config.early_stop and outcomes and verdict_settled(sum(outcomes), len(outcomes), cell.repeats):
-                progress.status(f"{cell.id}: verdict settled after {len(outcomes)} runs, skipping #{repeat}")
-                continue
-            record = run_one(config, cell, repeat, launcher, results, progress.status)
-            outcomes.append(record.failed)
-            progress.run_done(record)
+        # Enough workers to fill every device, and one for the cells that run one at a time.
+        count = sum(len(p.ids) for p in pools.values()) + any(c.platform not in pools for c in cells)
+        workers = [threading.Thread(target=worker, name=f"regbench-worker-{i}", daemon=True)
+                   for i in range(count)]
+        for t in workers:
+            t.start()
+        _join(workers, stop)
     except KeyboardInterrupt:
         interrupted = True
+        stop.set()
+        if "workers" in locals():
+            _join(workers, stop)
+    if errors:
+        raise errors[0]
     summary = summarize(
-        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(), interrupted,
-        results.preflights(),
+        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(),
+        interrupted or stop.is_set(), results.preflights(),
     )
     write_reports(results, summary)
     return summary
+
+
+def _join(workers: list[threading.Thread], stop: threading.Event) -> None:
+    """Waits for the workers; a Ctrl-C meanwhile stops them and keeps waiting, so that the
+    servers are down before the bench goes on."""
+    interrupted = False
+    for t in workers:
+        while t.is_alive():
+            try:
+                t.join(0.5)
+            except KeyboardInterrupt:
+                interrupted = True
+                stop.set()
+    if interrupted:
+        raise KeyboardInterrupt

@@ -16,11 +16,14 @@ from .fakeserver import FakeServer
 
 
 class Live:
-    def __init__(self, mode: str, run_dir: Path):
+    def __init__(self, mode: str, run_dir: Path, devices=None, boot_s: float = 0.0):
         self.fake = FakeServer(mode)
+        self.boot_s = boot_s
+        self.should_stop = lambda: False
         log = run_dir / "server.log"
         log.write_text("fake server\n")
-        self.outcome = ServerOutcome(command=["fake", mode], port=0, log_path=str(log), started_at=time.time())
+        self.outcome = ServerOutcome(command=["fake", mode], port=0, log_path=str(log), started_at=time.time(),
+                                     devices=devices)
 
     @property
     def base_url(self) -> str:
@@ -28,27 +31,31 @@ class Live:
 
     def __enter__(self):
         self.fake.__enter__()
-        self.outcome = self.outcome.model_copy(update={"boot_s": 0.01})
+        time.sleep(self.boot_s)
+        self.outcome = self.outcome.model_copy(update={"boot_s": self.boot_s or 0.01})
         return self
 
     def __exit__(self, *exc):
         self.fake.__exit__(*exc)
-        self.outcome = self.outcome.model_copy(update={"exit_code": 0, "stop_requested_at_byte": 12, "shutdown_s": 0.0})
+        self.outcome = self.outcome.model_copy(update={
+            "exit_code": 0, "stop_requested_at_byte": 12, "shutdown_s": 0.0, "ended_at": time.time(),
+        })
 
 
 class ScriptedLauncher:
     """Serves repeat N of every cell with modes[N-1] ('ok' or 'empty')."""
 
-    def __init__(self, modes: list[str]):
+    def __init__(self, modes: list[str], boot_s: float = 0.0):
         self.modes = modes
+        self.boot_s = boot_s
         self.started: list[tuple[str, int]] = []
 
     def fingerprint(self, image):
         return Fingerprint(image=image.name)
 
-    def server(self, cell, repeat, run_dir):
+    def server(self, cell, repeat, run_dir, devices=None):
         self.started.append((cell.id, repeat))
-        return Live(self.modes[repeat - 1], run_dir)
+        return Live(self.modes[repeat - 1], run_dir, devices, self.boot_s)
 
 
 def config(minimal, **changes):

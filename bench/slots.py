@@ -1,0 +1,136 @@
+"""Slots: a host's devices, handed to concurrent cells so that no two servers ever share one.
+
+A platform profile lists the host's devices (``devices:``: GPU indices as CUDA numbers them, or
+CPU numbers for the CPU platform) and their kind; a cell takes as many as its model's
+``tensor_parallel_size``. Inside one bench a ``SlotPool`` hands disjoint sets to the runner's
+workers. Across bench invocations on one host an exclusive ``flock`` per device, on a file in
+the lock folder, keeps a second bench off devices the first one holds: the kernel drops such a
+lock when its holder dies, so a SIGKILLed bench can never leave a device locked.
+
+The lock folder is ``$REGBENCH_LOCK_DIR``, else ``/run/lock/regbench`` (every user's bench on
+the host must see the same one), else the temp folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from bench.records import Devices, RunRecord
+
+LOCK_DIR_ENV = "REGBENCH_LOCK_DIR"
+
+
+class Cancelled(Exception):
+    """Waiting for devices was given up because the run is being stopped."""
+
+
+def lock_dir(env: dict[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get(LOCK_DIR_ENV):
+        return Path(env[LOCK_DIR_ENV])
+    if os.access("/run/lock", os.W_OK):
+        return Path("/run/lock/regbench")
+    return Path(tempfile.gettempdir()) / "regbench-locks"
+
+
+class SlotPool:
+    """Disjoint device sets for concurrent servers, locked host-wide while held."""
+
+    def __init__(self, kind: Literal["gpu", "cpu"], ids: list[str], locks: Path | None = None,
+                 poll_s: float = 1.0):
+        self.kind = kind
+        self.ids = list(ids)
+        self.locks = locks or lock_dir()
+        self.locks.mkdir(parents=True, exist_ok=True)
+        self.poll_s = poll_s
+        self._cond = threading.Condition()
+        self._held: dict[str, int] = {}  # device id -> fd of its lock file
+
+    def _try_lock(self, device: str) -> int | None:
+        # World-writable so that benches of different users on one host share the locks.
+        path = self.locks / f"{self.kind}{device}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        # Who holds it, for the message another bench prints while it waits.
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def holder(self, device: str) -> str | None:
+        """The pid written by the bench that holds a device's lock (best effort)."""
+        try:
+            return (self.locks / f"{self.kind}{device}.lock").read_text().strip() or None
+        except OSError:
+            return None
+
+    def acquire(self, count: int, cancelled: Callable[[], bool] = lambda: False,
+                waiting: Callable[[str], None] = lambda _: None) -> Devices:
+        """Blocks until `count` devices are free here and unlocked on the host; lowest ids first."""
+        if count > len(self.ids):
+            raise ValueError(f"{count} devices asked for, {len(self.ids)} in the pool")
+        told = False
+        with self._cond:
+            while True:
+                if cancelled():
+                    raise Cancelled()
+                taken: list[tuple[str, int]] = []
+                for device in self.ids:
+                    if len(taken) == count:
+                        break
+                    if device in self._held:
+                        continue
+                    fd = self._try_lock(device)
+                    if fd is not None:
+                        taken.append((device, fd))
+                if len(taken) == count:
+                    self._held.update(taken)
+                    return Devices(kind=self.kind, ids=tuple(d for d, _ in taken))
+                for _, fd in taken:
+                    os.close(fd)  # closing the last descriptor drops the flock
+                free_here = [d for d in self.ids if d not in self._held]
+                others = sorted({h for d in free_here if (h := self.holder(d))} - {str(os.getpid())})
+                if others and not told:
+                    waiting(f"waiting for {self.kind} devices held by another regbench (pid {', '.join(others)})")
+                    told = True
+                # Woken by a release here; polled for a release by another bench.
+                self._cond.wait(self.poll_s)
+
+    def release(self, devices: Devices) -> None:
+        with self._cond:
+            for device in devices.ids:
+                fd = self._held.pop(device, None)
+                if fd is not None:
+                    os.close(fd)
+            self._cond.notify_all()
+
+
+
+def shared_devices(runs: list[RunRecord]) -> list[tuple[str, str, str]]:
+    """Pairs of runs whose servers were alive on one device at the same time, by their recorded
+    start and end: (device, run, run). Empty when the schedule kept every device to one server."""
+    spans: dict[str, list[tuple[float, float, str]]] = {}
+    for r in runs:
+        s = r.server
+        if s.devices is None or s.ended_at is None:
+            continue
+        for device in s.devices.ids:
+            spans.setdefault(f"{s.devices.kind}{device}", []).append(
+                (s.started_at, s.ended_at, f"{r.cell_id}#{r.repeat}")
+            )
+    clashes = []
+    for device, items in sorted(spans.items()):
+        items.sort()
+        for (_, end, a), (start, _, b) in zip(items, items[1:]):
+            if start < end:
+                clashes.append((device, a, b))
+    return clashes
