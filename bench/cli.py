@@ -1,5 +1,7 @@
 """The `regbench` command. Exit codes: 0 every cell passed, 1 a cell failed or was flaky,
-2 usage or config error, 130 interrupted (Ctrl-C or SIGTERM; servers are stopped first)."""
+2 usage or config error, 3 the results could not be written (disk full, read-only: servers are
+stopped, what was written stays readable and `--resume` continues), 130 interrupted (Ctrl-C or
+SIGTERM; servers are stopped first)."""
 
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ from bench.checkpoint import render as render_checkpoint
 from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
 from bench.matrix import expand
 from bench.records import RunRecord
-from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, table
+from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
 from bench.launch import reap_local
 from bench.merge import merge
 from bench.slicing import github_matrix, parse_shard, slice_cells
-from bench.results import ResultsDir, ResultsError, new_run_id
+from bench.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
 from bench.launch_docker import DockerUnavailable
 from bench.platforms import host_facts, select
+from bench.redact import redactor_for
 from bench.runner import check_devices, make_launcher, run_matrix
 from bench.compare import AXES, compare, format_comparison
 from bench.publish import load_side, regenerate
@@ -130,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         results, done = _resume(args.resume)
         config, run_id = results.config(), results.path.name
+        results.redactor = redactor_for(config.server.env_passthrough)
         # A killed bench leaves its servers running; they hold ports, memory and GPUs.
         reap_local(run_id)
     else:
@@ -357,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as exc:
+        err.print(f"regbench: {exc}", highlight=False, markup=False)
+        return EXIT_USAGE
+    except ResultsWriteError as exc:
+        err.print(f"regbench: {exc}; every server was stopped", highlight=False, markup=False)
+        return EXIT_WRITE
+    except ResultsError as exc:
         err.print(f"regbench: {exc}", highlight=False, markup=False)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -19,6 +19,8 @@ Per run: one fresh server (judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the detail has the log tail
     boot_timeout         /health did not answer 200 before the boot deadline
+    port_taken           another program held the server's port and answered in its place; no
+                         request was sent to it (the detail names the process)
     server_died          the server exited while serving, before the bench asked it to stop
     exit_exception       a traceback, "Exception ignored", UnicodeDecodeError or fatal error was
                          printed after the stop was requested, other than the allow-listed noise
@@ -79,6 +81,7 @@ class Reason(StrEnum):
     DEGENERATE = "degenerate"
     BOOT_FAILED = "boot_failed"
     BOOT_TIMEOUT = "boot_timeout"
+    PORT_TAKEN = "port_taken"
     SERVER_DIED = "server_died"
     EXIT_EXCEPTION = "exit_exception"
     EXIT_CODE = "exit_code"
@@ -178,6 +181,8 @@ def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> li
     """Findings about the server process itself: boot, life, and exit."""
     last = next((line.strip() for line in reversed(log_tail.splitlines()) if line.strip()), "(empty log)")
     if outcome.boot_s is None:
+        if outcome.port_taken_by is not None:
+            return [Finding(reason=Reason.PORT_TAKEN, detail=f"{outcome.boot_error}\nlog tail:\n{log_tail}")]
         if outcome.start_error is not None:
             return [Finding(reason=Reason.BOOT_FAILED, detail=outcome.start_error)]
         if outcome.exited_early_code is not None:

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ from bench.config import Server as ServerConfig
 from bench.matrix import Cell
 from bench.fingerprint import fingerprint
 from bench.records import Devices, Fingerprint, ServerOutcome
+from bench.redact import Redactor, redactor_for
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
@@ -125,6 +127,40 @@ def vllm_env(
     return image_env(cell.image, env)
 
 
+def port_listener(port: int) -> int | None:
+    """The pid of the process listening on TCP `port` of this host, or None when there is no
+    listener or /proc cannot tell (Linux only). Host-networked containers' sockets show too."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    return int(entry.name)
+        except OSError:
+            continue  # gone, or not ours to look into
+    return None
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
 class BootError(Exception):
     """The server did not become healthy; the outcome says how."""
 
@@ -137,6 +173,7 @@ class Handle(Protocol):
     def wait(self, timeout: float | None) -> int | None: ...  # exit code, None on time-out
     def log_size(self) -> int: ...  # bytes of log captured so far
     def identity(self) -> str | None: ...  # the image id a container runs; None for processes
+    def owns(self, pid: int) -> bool: ...  # is that host process part of this server?
     def cleanup(self) -> None: ...  # reap stragglers, remove what was created; idempotent
 
 
@@ -205,17 +242,30 @@ class Server:
                     self._update(exited_early_code=code, boot_error=f"exited with code {code} during boot")
                     raise BootError(self.outcome.boot_error)
                 try:
-                    if client.get(self.health_url).status_code == 200:
-                        self._update(boot_s=time.monotonic() - start)
-                        return
+                    healthy = client.get(self.health_url).status_code == 200
                 except httpx.HTTPError:
-                    pass
+                    healthy = False
+                if healthy:
+                    self._check_port_owner()
+                    self._update(boot_s=time.monotonic() - start)
+                    return
                 if time.monotonic() >= deadline:
                     self._update(boot_error=f"not healthy after {self.boot_timeout_s:g} s")
                     raise BootError(self.outcome.boot_error)
                 if self.should_stop():
                     raise KeyboardInterrupt
                 time.sleep(_POLL_S)
+
+    def _check_port_owner(self) -> None:
+        # Whatever answers /health on our port may not be our server: another program can take a
+        # free port between our pick and the server's bind, and would then get the whole
+        # workload. Nothing is sent to a port the server does not hold.
+        assert self.handle is not None
+        owner = port_listener(self.port)
+        if owner is not None and not self.handle.owns(owner):
+            taken = f"pid {owner} ({process_name(owner)})"
+            self._update(port_taken_by=taken, boot_error=f"port {self.port} is held by {taken}, not by the server")
+            raise BootError(self.outcome.boot_error)
 
     def _answers_health(self) -> bool:
         try:
@@ -268,25 +318,46 @@ class StartError(Exception):
     """The server could not even be started (no such interpreter, no such image ...)."""
 
 
+class LogPump:
+    """Copies a server's output into its log file line by line, redacted, flushed per line
+    (the server inherits the bench's environment, secrets included, and may print them)."""
+
+    def __init__(self, source, log_path: Path, redactor: Redactor):
+        self.log_path = log_path
+        self._thread = threading.Thread(target=self._copy, args=(source, redactor), daemon=True)
+        self._thread.start()
+
+    def _copy(self, source, redactor: Redactor) -> None:
+        with source, open(self.log_path, "ab") as log:
+            for line in iter(source.readline, b""):
+                log.write(redactor.line(line))
+                log.flush()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
 class ProcessGroup:
     """A Handle on a local process started in its own session, and its scratch folder."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scratch: Path):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scratch: Path,
+                 redactor: Redactor | None = None):
         self.log_path = log_path
         self.scratch = scratch
         for d in ("tmp", "cache"):
             (scratch / d).mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
-            try:
-                # Its own session, so the terminal's Ctrl-C reaches only the bench, which then
-                # stops the whole group in order, and killpg reaches the engine's children too.
-                self.proc = subprocess.Popen(
-                    argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, start_new_session=True,
-                )
-            except OSError as exc:
-                shutil.rmtree(scratch, ignore_errors=True)
-                raise StartError(f"cannot start {argv[0]}: {exc}") from None
+        log_path.touch()
+        try:
+            # Its own session, so the terminal's Ctrl-C reaches only the bench, which then
+            # stops the whole group in order, and killpg reaches the engine's children too.
+            self.proc = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        except OSError as exc:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise StartError(f"cannot start {argv[0]}: {exc}") from None
+        self.pump = LogPump(self.proc.stdout, log_path, redactor or Redactor())
 
     def poll(self) -> int | None:
         return self.proc.poll()
@@ -312,6 +383,12 @@ class ProcessGroup:
     def identity(self) -> str | None:
         return None
 
+    def owns(self, pid: int) -> bool:
+        try:
+            return os.getpgid(pid) == self.proc.pid
+        except ProcessLookupError:
+            return False
+
     def cleanup(self) -> None:
         # The leader may be gone while children linger (an engine core, a resource tracker).
         try:
@@ -320,6 +397,9 @@ class ProcessGroup:
             pass
         if self.proc.poll() is None:
             self.proc.wait()
+        # Everything printed is in the pipe once the group is dead; a straggler that left the
+        # group and kept the pipe open must not hold the bench up.
+        self.pump.join(10)
         # Sockets and compile caches are per run and worthless afterwards; the log stays.
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -365,6 +445,7 @@ class LocalLauncher:
     def __init__(self, config: Config, base_env: dict[str, str] | None = None):
         self.config = config
         self.base_env = dict(os.environ if base_env is None else base_env)
+        self.redactor = redactor_for(config.server.env_passthrough, self.base_env)
 
     def fingerprint(self, image: Image) -> Fingerprint:
         return fingerprint(image, image_env(image, self.base_env))
@@ -383,7 +464,7 @@ class LocalLauncher:
             env.update(device_env(devices))
             # A label every process of the server inherits, so leftovers can be found by it.
             env[RUN_LABEL] = str(run_dir)
-            return ProcessGroup(argv, env, run_dir, log_path, scratch)
+            return ProcessGroup(argv, env, run_dir, log_path, scratch, self.redactor)
 
         return Server(start, argv, port, log_path, server.boot_timeout_s, server.shutdown_timeout_s,
                       devices=devices)

@@ -36,6 +36,7 @@ from bench.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
 from bench.launch import HOST, Server, StartError, device_env, free_port, serve_args, server_env
 from bench.matrix import Cell
 from bench.records import Devices, Fingerprint
+from bench.redact import Redactor, redactor_for
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -153,8 +154,10 @@ def image_identity(img: docker.models.images.Image) -> tuple[str, str | None]:
 class Container:
     """A Handle on one running container, its output streamed to the log file."""
 
-    def __init__(self, c: docker.DockerClient, ref: str, command: list[str], create: dict, log_path: Path):
+    def __init__(self, c: docker.DockerClient, ref: str, command: list[str], create: dict, log_path: Path,
+                 redactor: Redactor | None = None):
         self.log_path = log_path
+        self.redactor = redactor or Redactor()
         self.container = None
         try:
             self.container = c.containers.create(ref, command=command, entrypoint=ENTRYPOINT, detach=True, **create)
@@ -166,13 +169,20 @@ class Container:
         self._log_thread.start()
 
     def _stream_logs(self) -> None:
+        # Redacted whole lines at a time: a secret must not escape by straddling two chunks.
+        pending = b""
         with open(self.log_path, "ab") as f:
             try:
                 for chunk in self.container.logs(stream=True, follow=True):
-                    f.write(chunk)
+                    lines = (pending + chunk).split(b"\n")
+                    pending = lines.pop()
+                    for line in lines:
+                        f.write(self.redactor.line(line + b"\n"))
                     f.flush()
             except (docker.errors.APIError, requests.exceptions.RequestException):
                 pass  # the container is gone; everything it printed was written
+            if pending:
+                f.write(self.redactor.line(pending))
 
     def poll(self) -> int | None:
         try:
@@ -202,6 +212,13 @@ class Container:
     def identity(self) -> str | None:
         return self.container.image.id if self.container is not None else None
 
+    def owns(self, pid: int) -> bool:
+        # A container's processes are host processes in the container's cgroup, named by its id.
+        try:
+            return self.container is not None and self.container.id in Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
+
     def cleanup(self) -> None:
         if self.container is None:
             return
@@ -221,6 +238,7 @@ class DockerLauncher:
         self.run_id = run_id
         self.docker = docker_client or client()
         self.host_env = dict(os.environ if host_env is None else host_env)
+        self.redactor = redactor_for(config.server.env_passthrough, self.host_env)
 
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server:
         port = free_port()
@@ -237,7 +255,7 @@ class DockerLauncher:
 
         def start() -> Container:
             img = ensure_image(self.docker, cell.image)
-            return Container(self.docker, img.id, command, create, log_path)
+            return Container(self.docker, img.id, command, create, log_path, self.redactor)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
                       self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s,

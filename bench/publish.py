@@ -124,7 +124,8 @@ def write_reports(
     files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs))
     written = {}
     for name, text in files.items():
-        _write_atomic(results.path / name, text)
+        # The records and logs are redacted already; this covers what a report adds of its own.
+        _write_atomic(results.path / name, results.redactor.text(text))
         written[name] = results.path / name
     return written
 

@@ -57,6 +57,7 @@ class ServerOutcome(Record):
     boot_s: float | None = None  # None: never became healthy
     start_error: str | None = None  # the process could not even be started
     boot_error: str | None = None
+    port_taken_by: str | None = None  # another program answered on the server's port
     exited_early_code: int | None = None  # exit code if it died before we asked it to stop
     stop_requested_at_byte: int | None = None  # log offset where the shutdown phase begins
     exit_code: int | None = None

@@ -18,7 +18,7 @@ from bench.records import (
 )
 from bench.stats import percent_range
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def summarize_cells(

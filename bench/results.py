@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel
 
 from bench.config import Config
+from bench.redact import Redactor, redactor_for
 from bench.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
 
 T = TypeVar("T", bound=BaseModel)
@@ -39,20 +40,28 @@ class ResultsError(Exception):
     """A results folder that cannot be read or continued."""
 
 
+class ResultsWriteError(ResultsError):
+    """A record could not be written (disk full, folder gone or read-only): the run cannot go on."""
+
+
 class ResultsDir:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, redactor: Redactor | None = None):
         # Absolute: run folders label server processes, which must be findable from anywhere.
         self.path = Path(os.path.abspath(path))
         self.warnings: list[str] = []  # what reading had to repair, for the user to see
+        # Every record passes through it on its way to disk (bench.redact).
+        self.redactor = redactor or redactor_for(())
 
     @classmethod
     def create(cls, root: Path, run_id: str, config: Config) -> ResultsDir:
         path = root / run_id
         path.mkdir(parents=True, exist_ok=False)
-        out = cls(path)
-        (path / "config.yaml").write_text(
-            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
-        )
+        out = cls(path, redactor_for(config.server.env_passthrough))
+        # A secret written into the matrix itself is masked in the copy (a resumed run then
+        # needs it from the environment, where it belongs). Masked value by value, not in the
+        # YAML text: "[REDACTED]" unquoted would read back as a list.
+        data = _map_strings(config.model_dump(mode="json"), out.redactor.text)
+        (path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         return out
 
     def run_dir(self, cell_id: str, repeat: int) -> Path:
@@ -65,10 +74,13 @@ class ResultsDir:
         return d
 
     def _append(self, name: str, record: BaseModel) -> None:
-        with open(self.path / name, "a", encoding="utf-8") as f:
-            f.write(record.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path / name, "a", encoding="utf-8") as f:
+                f.write(self.redactor.text(record.model_dump_json()) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise ResultsWriteError(f"cannot write {self.path / name}: {exc.strerror or exc}") from None
 
     def add_request(self, record: RequestRecord) -> None:
         self._append("requests.jsonl", record)
@@ -106,7 +118,11 @@ class ResultsDir:
         return Summary.model_validate_json(path.read_text(encoding="utf-8")) if path.exists() else None
 
     def config(self) -> Config:
-        return Config.model_validate(yaml.safe_load((self.path / "config.yaml").read_text(encoding="utf-8")))
+        path = self.path / "config.yaml"
+        try:
+            return Config.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        except (OSError, yaml.YAMLError, ValueError) as exc:
+            raise ResultsError(f"{path}: not the config of a run: {str(exc).splitlines()[0]}") from None
 
     def prepare_resume(self) -> set[tuple[str, int]]:
         """Makes the folder ready to continue after a crash or kill: drops half-written lines,
@@ -133,6 +149,16 @@ class ResultsDir:
             os.fsync(f.fileno())
         os.replace(tmp, self.path / name)
 
+
+
+def _map_strings(data, f):
+    if isinstance(data, str):
+        return f(data)
+    if isinstance(data, list):
+        return [_map_strings(v, f) for v in data]
+    if isinstance(data, dict):
+        return {k: _map_strings(v, f) for k, v in data.items()}
+    return data
 
 
 def read_jsonl(path: Path, model: type[T]) -> tuple[list[T], str | None]:

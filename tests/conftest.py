@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -19,3 +20,42 @@ def minimal() -> dict:
         "baseline": "safetensors",
         "workload": {"prompts": [{"id": "p", "prompt": "hi"}]},
     }
+
+
+# The fault ledger: every test marked `@pytest.mark.fault("kind")` adds a row with its outcome and
+# what it measured (through the `fault` fixture); the session writes them to FAULT_LEDGER, from
+# which scripts/fault_table.py makes the README's table. A row is never written by hand.
+FAULT_LEDGER = ROOT / "results" / "faults.json"
+_fault_rows: list[dict] = []
+
+
+@pytest.fixture
+def fault(request):
+    """fault(verdict, records_lost=…, processes_left=…, cases=…): what the bench did about it."""
+    measured: dict = {}
+    request.node.fault_measured = measured
+
+    def record(verdict: str, *, records_lost: int | None = None, processes_left: int = 0, cases: int = 1) -> None:
+        measured.update(verdict=verdict, records_lost=records_lost, processes_left=processes_left, cases=cases)
+
+    return record
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("fault")
+    if marker is None or report.when != "call":
+        return
+    measured = getattr(item, "fault_measured", {})
+    _fault_rows.append({
+        "kind": marker.args[0], "test": item.nodeid, "survived": report.passed and bool(measured),
+        **measured,
+    })
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _fault_rows:
+        FAULT_LEDGER.parent.mkdir(exist_ok=True)
+        FAULT_LEDGER.write_text(json.dumps(sorted(_fault_rows, key=lambda r: (r["kind"], r["test"])), indent=1))

@@ -25,9 +25,9 @@ def completion_body(text: str, ids: list[int], chat: bool) -> dict:
 
 
 class FakeServer:
-    """`mode` picks the behaviour: ok, empty, http500, badjson, truncated, hang."""
+    """`mode` picks the behaviour: ok, empty, http500, http503, badjson, truncated, hang."""
 
-    def __init__(self, mode: str = "ok", tokens: int = 128):
+    def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0):
         self.mode = mode
         self.tokens = tokens
         self.requests: list[dict] = []
@@ -54,7 +54,7 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -68,6 +68,8 @@ class FakeServer:
         text = "" if self.mode == "empty" else "w" * self.tokens
         if self.mode == "http500":
             return h._send(500, b'{"error": {"message": "engine dead", "type": "InternalServerError"}}')
+        if self.mode == "http503":
+            return h._send(503, b'{"error": {"message": "overloaded", "type": "ServiceUnavailableError"}}')
         if self.mode == "badjson":
             return h._send(200, b'{"choices": [')
         if self.mode == "hang":
