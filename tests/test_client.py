@@ -78,7 +78,8 @@ def test_truncated_stream_is_not_taken_for_a_complete_answer(workload):
     assert judge_request(r, workload)
 
 
-def test_nobody_listening_is_a_connection_error(workload):
+@pytest.mark.fault("nobody listening on the server's port")
+def test_nobody_listening_is_a_connection_error(workload, fault):
     import socket
 
     with socket.socket() as s:
@@ -86,3 +87,5 @@ def test_nobody_listening_is_a_connection_error(workload):
         port = s.getsockname()[1]
     records = asyncio.run(run_workload(f"http://127.0.0.1:{port}", "tiny", workload, cell_id="c", repeat=1))
     assert {r.error_kind for r in records} == {ErrorKind.CONNECTION}
+    fault(", ".join(sorted({f.reason for r in records for f in judge_request(r, workload)})),
+          records_lost=len(workload.prompts) - len(records))

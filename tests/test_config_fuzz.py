@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import copy
 import re
 import sys
@@ -86,9 +88,13 @@ def broken(draw):
 SAFE_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
+TRIED = {"configs": 0, "rejected": 0}
+
+
+@pytest.mark.fault("malformed matrix files (generated)")
 @settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(config=broken())
-def test_no_matrix_ends_in_a_traceback(tmp_path, config, capsys):
+def test_no_matrix_ends_in_a_traceback(tmp_path, config, capsys, fault):
     f = tmp_path / "c.yaml"
     try:
         f.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
@@ -98,6 +104,9 @@ def test_no_matrix_ends_in_a_traceback(tmp_path, config, capsys):
     err = capsys.readouterr().err
     assert code in (0, 2)
     assert "Traceback" not in err
+    TRIED["configs"] += 1
+    TRIED["rejected"] += code == 2
+    fault("exit 2 with a message for every invalid one, 0 tracebacks", cases=TRIED["configs"])
     if code == 2:
         assert err.startswith("regbench: ")
     else:

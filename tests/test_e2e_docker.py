@@ -99,7 +99,8 @@ def test_a_secret_passed_by_name_is_in_no_file(smoke):
         assert token.encode() not in p.read_bytes(), p
 
 
-def test_boot_failure_leaves_no_container(tmp_path, engine):
+@pytest.mark.fault("container fails to boot")
+def test_boot_failure_leaves_no_container(tmp_path, engine, fault):
     config = one_cell(tmp_path)
     data = yaml.safe_load(config.read_text())
     data["models"][0]["path"] = "no-such-org/no-such-model"  # a hub id, offline: vLLM exits
@@ -110,6 +111,7 @@ def test_boot_failure_leaves_no_container(tmp_path, engine):
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "dboot" / "summary.json").read_text()).cells
     assert cell.reasons == {"boot_failed": 1}, cell
     assert containers_of(engine, "dboot") == []
+    fault("boot_failed", processes_left=len(containers_of(engine, "dboot")))
 
 
 def wait_for(predicate, timeout: float = 300) -> None:
@@ -119,7 +121,8 @@ def wait_for(predicate, timeout: float = 300) -> None:
         time.sleep(0.3)
 
 
-def test_a_crash_while_serving_is_server_died_and_leaves_no_container(tmp_path, engine):
+@pytest.mark.fault("server killed mid-request (container)")
+def test_a_crash_while_serving_is_server_died_and_leaves_no_container(tmp_path, engine, fault):
     prompts = [{"id": f"p{i}", "prompt": f"def f{i}():"} for i in range(12)]
     config = one_cell(tmp_path, prompts=prompts, concurrency=1)
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "dcrash")
@@ -132,9 +135,14 @@ def test_a_crash_while_serving_is_server_died_and_leaves_no_container(tmp_path, 
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "dcrash" / "summary.json").read_text()).cells
     assert "server_died" in cell.reasons and "connection_error" in cell.reasons, cell
     assert containers_of(engine, "dcrash") == []
+    records = (tmp_path / "res" / "dcrash" / "requests.jsonl").read_text().splitlines()
+    assert len(records) == 12  # every request has its record, answered or failed
+    fault(", ".join(sorted(cell.reasons)), records_lost=12 - len(records),
+          processes_left=len(containers_of(engine, "dcrash")))
 
 
-def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine):
+@pytest.mark.fault("bench receives SIGINT mid-boot (container)")
+def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine, fault):
     p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dint")
     wait_for(lambda: any(c.status == "running" for c in containers_of(engine, "dint")))
     time.sleep(5)  # well into vLLM's boot
@@ -142,9 +150,11 @@ def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine):
     output, _ = p.communicate(timeout=120)
     assert p.returncode == 130, output
     assert containers_of(engine, "dint") == []
+    fault("interrupted, exit 130", processes_left=len(containers_of(engine, "dint")))
 
 
-def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine):
+@pytest.mark.fault("bench killed with SIGKILL (container)")
+def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine, fault):
     p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dkill")
     wait_for(lambda: any(c.status == "running" for c in containers_of(engine, "dkill")))
     p.kill()  # SIGKILL: the bench gets no chance to clean up
@@ -154,3 +164,4 @@ def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "removed 1 container" in out.stdout, out
     assert containers_of(engine, "dkill") == []
+    fault("`regbench clean` removes the container", processes_left=len(containers_of(engine, "dkill")))

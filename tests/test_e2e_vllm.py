@@ -125,8 +125,11 @@ def one_cell_config(tmp_path: Path, **changes) -> Path:
     return f
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig):
+@pytest.mark.parametrize("sig", [
+    pytest.param(signal.SIGINT, marks=pytest.mark.fault("bench receives SIGINT mid-run")),
+    pytest.param(signal.SIGTERM, marks=pytest.mark.fault("bench receives SIGTERM mid-run")),
+])
+def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig, fault):
     results = tmp_path / "results"
     p = regbench("run", str(one_cell_config(tmp_path)), "--results", str(results), "--run-id", "r")
     log = results / "r" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
@@ -143,9 +146,11 @@ def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig):
     assert RunRecord.model_validate_json(runs[-1]).interrupted
     summary = Summary.model_validate_json((results / "r" / "summary.json").read_text())
     assert summary.interrupted and summary.exit_code == 130
+    fault("run recorded as interrupted, exit 130", processes_left=len(processes_labelled(results)))
 
 
-def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path):
+@pytest.mark.fault("model path missing")
+def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path, fault):
     config = one_cell_config(tmp_path)
     data = yaml.safe_load(config.read_text())
     data["models"][0]["path"] = str(tmp_path / "no-such-model")
@@ -156,9 +161,11 @@ def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path):
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
     assert cell.verdict == "fail" and cell.reasons == {"boot_failed": 1}
     assert processes_labelled(tmp_path / "res") == []
+    fault("boot_failed", processes_left=len(processes_labelled(tmp_path / "res")))
 
 
-def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path):
+@pytest.mark.fault("bench killed with SIGKILL mid-run")
+def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
     config = one_cell_config(tmp_path, repeats=2)
     results = tmp_path / "results"
     run_dir = results / "r"
@@ -171,6 +178,8 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path):
     p.communicate(timeout=60)
     assert processes_labelled(results), "the server should have outlived the bench"
     first = RunRecord.model_validate_json((run_dir / "runs.jsonl").read_text().splitlines()[0])
+    finished = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()
+                if json.loads(line)["repeat"] == 1]
 
     r = regbench("run", "--resume", str(run_dir))
     output, _ = r.communicate(timeout=900)
@@ -184,6 +193,8 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path):
     assert processes_labelled(results) == []
     summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
     assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]
+    fault("--resume reaps the server, redoes only the unfinished run",
+          records_lost=sum(1 for q in finished if q not in requests), processes_left=len(processes_labelled(results)))
 
 
 def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path, smoke_run):
@@ -208,7 +219,8 @@ def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path
         assert set(c.reasons) == set(whole[cell_id].reasons)  # divergence across slices included
 
 
-def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path):
+@pytest.mark.fault("exception at the server's interpreter exit")
+def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault):
     # The seed's other symptom: a UnicodeDecodeError at exit. Injected through a site hook on the
     # server's path, into an otherwise healthy server: only the exit-time scan can see it.
     hook = tmp_path / "hook"
@@ -231,3 +243,59 @@ def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path):
     assert cell.reasons == {"exit_exception": 1}, cell  # requests were fine, the exit was not
     (run,) = [RunRecord.model_validate_json(x) for x in (tmp_path / "res" / "r" / "runs.jsonl").read_text().splitlines()]
     assert any("UnicodeDecodeError" in f.detail for f in run.findings)
+    fault("exit_exception", processes_left=len(processes_labelled(tmp_path / "res")))
+
+
+@pytest.mark.fault("server hangs mid-request (SIGSTOP)")
+def test_a_server_frozen_mid_workload_is_timed_out_and_killed(tmp_path, fault):
+    config = one_cell_config(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    data["workload"]["request_timeout_s"] = 10
+    data["server"] = {**data.get("server", {}), "shutdown_timeout_s": 10}
+    config.write_text(yaml.safe_dump(data))
+    results = tmp_path / "res"
+    p = regbench("run", str(config), "--results", str(results), "--run-id", "r")
+    requests = results / "r" / "requests.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (requests.exists() and requests.read_text().strip()):
+        time.sleep(0.05)
+    frozen = processes_labelled(results)
+    for pid in frozen:  # every process of the server stops mid-workload, sockets open
+        os.kill(pid, signal.SIGSTOP)
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 1, output
+    (cell,) = Summary.model_validate_json((results / "r" / "summary.json").read_text()).cells
+    assert cell.reasons.get("timeout", 0) >= 1 and cell.reasons.get("exit_code") == 1, cell.reasons
+    (run,) = [RunRecord.model_validate_json(x) for x in (results / "r" / "runs.jsonl").read_text().splitlines()]
+    assert run.server.killed  # SIGTERM cannot reach a stopped process; SIGKILL can
+    assert frozen and processes_labelled(results) == []
+    kept = [json.loads(line) for line in requests.read_text().splitlines()]
+    assert len(kept) == 4 and kept[0]["error_kind"] is None  # the answers before the freeze are kept
+    fault(", ".join(sorted(cell.reasons)), records_lost=0, processes_left=len(processes_labelled(results)))
+
+
+def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
+    # Two cells × 2 repeats on 2 CPU slots with the real launcher: two servers at a time, each
+    # pinned to its own CPU, and the same verdicts as the one-at-a-time smoke run.
+    _, _, smoke_dir = smoke_run
+    results = tmp_path / "res"
+    p = regbench("run", str(SMOKE), "--results", str(results), "--run-id", "r", "--devices", "0,1",
+                 "--cell", "tiny-canary__safetensors__cpu__streamer-0.17.0",
+                 "--cell", "tiny-canary__runai_streamer__cpu__streamer-0.17.0")
+    output, _ = p.communicate(timeout=1200)
+    assert p.returncode == 0, output
+    from bench.slots import shared_devices
+
+    runs = [RunRecord.model_validate_json(x) for x in (results / "r" / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 4 and shared_devices(runs) == []
+    assert {r.server.devices.ids for r in runs} == {("0",), ("1",)}
+    spans = sorted((r.server.started_at, r.server.ended_at) for r in runs)
+    assert any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])), "never two servers at once"
+    for r in runs:  # vLLM's CPU backend bound its threads to the CPU the slot gave
+        log = (results / "r" / r.server.log_path).read_text()
+        assert f"VLLM_CPU_OMP_THREADS_BIND='{r.server.devices.ids[0]}'" in log
+        assert r.server.command[:3] == ["taskset", "--cpu-list", r.server.devices.ids[0]]
+    whole = {c.cell_id: c.verdict for c in Summary.model_validate_json((smoke_dir / "summary.json").read_text()).cells}
+    here = Summary.model_validate_json((results / "r" / "summary.json").read_text()).cells
+    assert {c.cell_id: c.verdict for c in here} == {c.cell_id: whole[c.cell_id] for c in here}
+    assert processes_labelled(results) == []

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.config import parse_config
+from bench.judge import judge_server
 from bench.launch import BootError, ProcessGroup, Server, free_port, vllm_argv, vllm_env
 from bench.matrix import expand
 
@@ -52,36 +53,63 @@ def test_healthy_then_stopped_cleanly(tmp_path):
     assert not (tmp_path / "scratch").exists()
 
 
-def test_exit_during_boot_is_reported_with_its_code(tmp_path):
+def verdict(p: Server) -> str:
+    return ", ".join(sorted({f.reason for f in judge_server(p.outcome, "", log_of(p))}))
+
+
+def group_left(p: Server) -> int:
+    """Live (not zombie) processes still in the server's process group."""
+    left = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        left += int(fields[2]) == p.handle.proc.pid and fields[0] != "Z"
+    return left
+
+
+@pytest.mark.fault("server exits during boot")
+def test_exit_during_boot_is_reported_with_its_code(tmp_path, fault):
     p = proc(tmp_path, "exit-during-boot")
     with pytest.raises(BootError):
         p.__enter__()
     assert p.outcome.exited_early_code == 3 and p.outcome.boot_s is None
     assert "model path missing" in log_of(p)
+    assert verdict(p) == "boot_failed"
+    fault(verdict(p), processes_left=group_left(p))
 
 
-def test_boot_deadline_kills_the_server(tmp_path):
+@pytest.mark.fault("boot never becomes healthy")
+def test_boot_deadline_kills_the_server(tmp_path, fault):
     p = proc(tmp_path, "never-healthy", boot=1.5)
     with pytest.raises(BootError, match="not healthy after 1.5 s"):
         p.__enter__()
     assert not alive(p.handle.proc.pid)
+    assert verdict(p) == "boot_timeout"
+    fault(verdict(p), processes_left=group_left(p))
 
 
-def test_sigterm_ignored_means_sigkill_after_grace(tmp_path):
+@pytest.mark.fault("server ignores SIGTERM")
+def test_sigterm_ignored_means_sigkill_after_grace(tmp_path, fault):
     p = proc(tmp_path, "ignore-term", shutdown=1)
     with p:
         pid = p.handle.proc.pid
     assert p.outcome.killed and p.outcome.exit_code == -9
     assert not alive(pid)
+    assert verdict(p) == "exit_code"
+    fault(verdict(p), processes_left=group_left(p))
 
 
-def test_children_of_the_server_are_reaped_too(tmp_path):
+@pytest.mark.fault("server leaves children running")
+def test_children_of_the_server_are_reaped_too(tmp_path, fault):
     p = proc(tmp_path, "children")
     with p:
         log = log_of(p)
         child = int(re.search(r"child pid=(\d+)", log).group(1))
         assert alive(child)
     assert not alive(child)
+    fault("children killed with the server's group", processes_left=group_left(p))
 
 
 def test_an_exception_in_the_with_block_still_stops_the_server(tmp_path):
@@ -119,11 +147,14 @@ def test_vllm_command_and_environment(minimal):
     assert (env["A"], env["B"], env["VLLM_CPU_KVCACHE_SPACE"], env["HF_HUB_OFFLINE"]) == ("1", "2", "1", "1")
 
 
-def test_a_command_that_cannot_start_is_a_boot_failure(tmp_path):
+@pytest.mark.fault("server command cannot start")
+def test_a_command_that_cannot_start_is_a_boot_failure(tmp_path, fault):
     p = server([str(tmp_path / "no-python"), "-m", "vllm"], tmp_path, free_port())
     with pytest.raises(BootError, match="cannot start"):
         p.__enter__()
     assert p.outcome.start_error and not (tmp_path / "scratch").exists()
+    assert [f.reason for f in judge_server(p.outcome, "", "")] == ["boot_failed"]
+    fault("boot_failed", processes_left=0)
 
 
 def test_container_options_of_a_platform_and_secrets_by_name(minimal):

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import yaml
@@ -64,13 +66,15 @@ def _request(cell: str, repeat: int) -> RequestRecord:
                          latency_s=0.1, status=200, text="x", token_ids=[1], completion_tokens=1, finish_reason="length")
 
 
-def test_a_half_written_last_line_is_dropped_with_a_warning(tmp_path, minimal):
+@pytest.mark.fault("half-written last line in the results")
+def test_a_half_written_last_line_is_dropped_with_a_warning(tmp_path, minimal, fault):
     results = ResultsDir.create(tmp_path, "r", parse_config(minimal))
     results.add_request(_request("c", 1))
     with open(results.path / "requests.jsonl", "a") as f:
         f.write('{"type": "request", "cell_id": "c", "rep')  # the writer was killed here
     assert [q.cell_id for q in results.requests()] == ["c"]
     assert results.warnings and "half-written" in results.warnings[0]
+    fault("dropped with a warning; the finished record is read", records_lost=1 - len(results.requests()))
 
 
 def test_a_damaged_line_in_the_middle_is_an_error_not_a_guess(tmp_path, minimal):
