@@ -90,7 +90,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     t_lines = [f"{config.name}: {len(cells)} cells × {n} repeats{auto} = {len(cells) * n} fresh servers"]
     for c in cells:
         role = "baseline" if c.is_baseline else (f"vs {c.baseline_id}" if c.baseline_id else "no baseline")
-        t_lines.append(f"  {c.id}  [{role}]")
+        tp = c.model.tensor_parallel_size
+        t_lines.append(f"  {c.id}  [{role}]" + (f" [{tp} devices]" if tp > 1 else ""))
+    for profile in config.profiles:
+        if profile.devices:
+            t_lines.append(f"platform {profile.name}: cells side by side on {profile.device_kind} devices "
+                           f"{','.join(profile.devices)} (one server per device set; --devices to change)")
     if args.detect is not None:
         t_lines += ["", *_detection_lines(args.detect, args.confidence, n, len(cells))]
     elif args.confidence is not None:

@@ -324,14 +324,23 @@ class LogPump:
 
     def __init__(self, source, log_path: Path, redactor: Redactor):
         self.log_path = log_path
+        self.error: OSError | None = None
         self._thread = threading.Thread(target=self._copy, args=(source, redactor), daemon=True)
         self._thread.start()
 
     def _copy(self, source, redactor: Redactor) -> None:
-        with source, open(self.log_path, "ab") as log:
-            for line in iter(source.readline, b""):
-                log.write(redactor.line(line))
-                log.flush()
+        # A log that cannot be written (disk full) must not stop the server: the pipe is drained
+        # to its end whatever happens, or a server blocked on a full pipe would hang.
+        with source:
+            try:
+                with open(self.log_path, "ab") as log:
+                    for line in iter(source.readline, b""):
+                        log.write(redactor.line(line))
+                        log.flush()
+            except OSError as exc:
+                self.error = exc
+                for _ in iter(source.readline, b""):
+                    pass
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
