@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config, run_id = results.config(), results.path.name
         results.redactor = redactor_for(config.server.env_passthrough)
         # A killed bench leaves its servers running; they hold ports, memory and GPUs.
-        reap_local(run_id)
+        reap_local(run_dir=results.path)  # this folder's: another run may share the id
     else:
         config = with_image_refs(load_config(args.config), args.image or [])
         run_id = args.run_id or new_run_id(config.name)

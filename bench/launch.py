@@ -413,11 +413,16 @@ class ProcessGroup:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def labelled_processes(run_id: str | None = None) -> list[int]:
-    """Pids of live local servers started by regbench (of one run, or of any), found by the
-    label their environment carries: what a killed bench left behind. Linux /proc only."""
+def labelled_processes(run_id: str | None = None, run_dir: Path | None = None) -> list[int]:
+    """Pids of live local servers started by regbench (of one results folder, of any run with
+    that id, or of any), found by the label their environment carries: what a killed bench
+    left behind. Linux /proc only."""
+    def ours(value: str) -> bool:
+        if run_dir is not None:
+            return value.startswith(f"{run_dir}/cells/")
+        return run_id is None or f"/{run_id}/cells/" in value
+
     found = []
-    marker = f"/{run_id}/cells/" if run_id else ""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -427,14 +432,14 @@ def labelled_processes(run_id: str | None = None) -> list[int]:
         except OSError:
             continue  # gone, or not ours to read
         label = next((v for v in environ if v.startswith(RUN_LABEL.encode() + b"=")), None)
-        if label is not None and state != "Z" and marker in label.decode(errors="replace"):
+        if label is not None and state != "Z" and ours(label.decode(errors="replace").split("=", 1)[1]):
             found.append(int(entry.name))
     return found
 
 
-def reap_local(run_id: str | None = None) -> list[int]:
+def reap_local(run_id: str | None = None, run_dir: Path | None = None) -> list[int]:
     """SIGKILLs the process groups of leftover local servers; returns the pids found."""
-    pids = labelled_processes(run_id)
+    pids = labelled_processes(run_id, run_dir)
     for pid in pids:
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)

@@ -171,6 +171,7 @@ def run_matrix(
     book = threading.Lock()  # guards todo, failed and progress
     one_at_a_time = threading.Lock()  # for cells of platforms without devices
     errors: list[BaseException] = []
+    workers: list[tuple[threading.Thread, threading.Event]] = []
 
     def next_job() -> tuple[Cell, int] | None:
         with book:
@@ -206,7 +207,7 @@ def run_matrix(
             failed[cell.id].append(record.failed)
             progress.run_done(record)
 
-    def worker() -> None:
+    def worker(finished: threading.Event) -> None:
         try:
             while (job := next_job()) is not None:
                 run_job(*job)
@@ -215,6 +216,8 @@ def run_matrix(
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
             errors.append(exc)
             stop.set()
+        finally:
+            finished.set()
 
     try:
         if config.preflight and not results.preflights():
@@ -230,16 +233,17 @@ def run_matrix(
             failed.setdefault(r.cell_id, []).append(r.failed)
         # Enough workers to fill every device, and one for the cells that run one at a time.
         count = sum(len(p.ids) for p in pools.values()) + any(c.platform not in pools for c in cells)
-        workers = [threading.Thread(target=worker, name=f"regbench-worker-{i}", daemon=True)
-                   for i in range(count)]
-        for t in workers:
-            t.start()
-        _join(workers, stop)
+        for i in range(count):
+            finished = threading.Event()
+            # Not daemons: should the bench ever get to exit early, it still waits for them.
+            thread = threading.Thread(target=worker, args=(finished,), name=f"regbench-worker-{i}")
+            workers.append((thread, finished))
+            thread.start()
+        _wait(workers, stop)
     except KeyboardInterrupt:
         interrupted = True
         stop.set()
-        if "workers" in locals():
-            _join(workers, stop)
+        _wait(workers, stop)
     if errors:
         raise errors[0]
     summary = summarize(
@@ -250,16 +254,20 @@ def run_matrix(
     return summary
 
 
-def _join(workers: list[threading.Thread], stop: threading.Event) -> None:
-    """Waits for the workers; a Ctrl-C meanwhile stops them and keeps waiting, so that the
-    servers are down before the bench goes on."""
+def _wait(workers: list[tuple[threading.Thread, threading.Event]], stop: threading.Event) -> None:
+    """Waits until every worker has finished; a Ctrl-C meanwhile stops them and keeps waiting,
+    so that the servers are down before the bench goes on. Not Thread.join: a KeyboardInterrupt
+    landing inside join() can leave a live thread marked as stopped (CPython's
+    _wait_for_tstate_lock releases the lock the running thread holds), and the bench would
+    exit with its servers still running."""
     interrupted = False
-    for t in workers:
-        while t.is_alive():
-            try:
-                t.join(0.5)
-            except KeyboardInterrupt:
-                interrupted = True
-                stop.set()
+    while not all(finished.is_set() for _, finished in workers):
+        try:
+            time.sleep(0.2)
+        except KeyboardInterrupt:
+            interrupted = True
+            stop.set()
+    for thread, _ in workers:
+        thread.join()
     if interrupted:
         raise KeyboardInterrupt

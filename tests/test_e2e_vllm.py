@@ -19,6 +19,8 @@ import yaml
 
 from bench.records import PreflightRecord, RunRecord, Summary
 
+from .procs import processes_labelled
+
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "cpu-smoke.yaml"
 pytestmark = pytest.mark.slow
@@ -29,21 +31,6 @@ STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
 def regbench(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
-
-
-def processes_labelled(results: Path) -> list[int]:
-    """Pids of live processes whose environment carries a run dir under `results`."""
-    found = []
-    needle = f"REGBENCH_RUN_DIR={results}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -6,21 +6,23 @@ are injected into real vLLM in test_e2e_vllm.py. Each test is a row of the READM
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from bench.judge import judge_server
-from bench.launch import BootError, ProcessGroup, Server, free_port, labelled_processes
-from bench.records import RequestRecord, Summary
+from bench.launch import BootError, ProcessGroup, Server
+from bench.records import RequestRecord, RunRecord, Summary
 from bench.results import read_jsonl
 
 from .fakeserver import FakeServer
+from .procs import processes_labelled
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKEVLLM = Path(__file__).parent / "data" / "fakevllm"
@@ -76,7 +78,7 @@ def test_a_fault_on_the_wire_is_a_verdict_naming_it(tmp_path, fault, mode, reaso
     run_dir = tmp_path / "results" / RUN_ID
     (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
     assert reason in cell.reasons and cell.verdict == "fail", cell.reasons
-    left = labelled_processes(RUN_ID)
+    left = processes_labelled(run_dir)
     lost = max(0, answered(count) - len(on_disk(run_dir)))
     assert len(on_disk(run_dir)) == 2 and lost == 0 and left == []
     fault(", ".join(sorted(cell.reasons)), records_lost=lost, processes_left=len(left))
@@ -134,8 +136,8 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     p = regbench("run", str(config), "--results", str(results), "--run-id", RUN_ID, env=env)
     assert p.returncode == 3, p.stdout + p.stderr
     assert "No space left on device" in p.stderr and "Traceback" not in p.stderr + p.stdout
-    assert labelled_processes(RUN_ID) == []
     run_dir = results / RUN_ID
+    assert processes_labelled(run_dir) == []
     written = on_disk(run_dir)  # readable: at most a half-written last line, dropped
     assert 0 < len(written) < 40
     unwritten = answered(count) - len(written)
@@ -147,7 +149,7 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     final = on_disk(run_dir)
     assert len(final) == 40 and len({r.prompt_id for r in final}) == 40
     fault("exit 3, servers stopped; --resume completes", records_lost=40 - len(final),
-          processes_left=len(labelled_processes(RUN_ID)))
+          processes_left=len(processes_labelled(run_dir)))
 
 
 @pytest.mark.fault("results folder not writable")
@@ -158,7 +160,7 @@ def test_a_read_only_results_folder_is_refused_before_any_server_starts(tmp_path
                  env={"FAKE_VLLM_COUNT": str(count)})
     assert p.returncode == 2 and "Read-only file system" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not count.exists()
-    fault("exit 2 before any server", processes_left=len(labelled_processes(RUN_ID)))
+    fault("exit 2 before any server", processes_left=len(processes_labelled(results)))
 
 
 SECRETS = {
@@ -193,5 +195,27 @@ def test_no_secret_reaches_any_file_of_a_run(tmp_path, fault):
     assert log.count("[REDACTED]") >= 6 and "loading with token [REDACTED]" in log  # the lines are kept
     assert leaks == []
     assert p.stdout.count(SECRETS["HF_TOKEN"]) == 0
-    fault(f"0 of {len(secrets)} secrets in {len(files)} files", processes_left=len(labelled_processes(RUN_ID)),
+    fault(f"0 of {len(secrets)} secrets in {len(files)} files", processes_left=len(processes_labelled(run_dir)),
           cases=len(secrets) * len(files))
+
+
+@pytest.mark.fault("bench receives SIGINT mid-request")
+def test_ctrl_c_while_a_request_hangs_stops_the_server_and_records_the_run(tmp_path, fault):
+    results = tmp_path / "results"
+    p = subprocess.Popen([sys.executable, "-m", "bench", "run", str(matrix(tmp_path, request_timeout_s=60)),
+                          "--results", str(results), "--run-id", RUN_ID], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "FAKE_VLLM_MODE": "hang"})
+    log = results / RUN_ID / "cells" / "m__safetensors__cpu__fake" / "run-1" / "server.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "serving on" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.1)
+    time.sleep(1)  # the first request is in flight, and will not be answered
+    p.send_signal(signal.SIGINT)
+    output, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, output
+    (run,) = [RunRecord.model_validate_json(x) for x in (results / RUN_ID / "runs.jsonl").read_text().splitlines()]
+    assert run.interrupted and run.server.exit_code == 0  # stopped with SIGTERM, not abandoned
+    assert "shutting down" in log.read_text()
+    left = processes_labelled(results)
+    assert left == []
+    fault("run recorded as interrupted, server stopped, exit 130", processes_left=len(left))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 
 from bench.config import parse_config
 from bench.judge import judge_server
-from bench.launch import BootError, ProcessGroup, Server, free_port, vllm_argv, vllm_env
+from bench.launch import (
+    BootError, ProcessGroup, Server, free_port, labelled_processes, reap_local, vllm_argv, vllm_env,
+)
 from bench.matrix import expand
 
 FAKE = str(Path(__file__).parent / "fakeproc.py")
@@ -193,3 +196,22 @@ def test_a_server_gone_before_the_stop_is_a_death_while_serving(tmp_path):
     with p:
         os.killpg(p.handle.proc.pid, 9)  # killed from outside, after it became healthy
     assert p.outcome.exited_early_code == -9 and p.outcome.exit_code == -9 and not p.outcome.killed
+
+
+def test_leftovers_are_found_by_their_own_results_folder(tmp_path):
+    # Two runs with the same id in different folders: resuming one must not touch the other.
+    procs = {}
+    for side in ("a", "b"):
+        env = {**os.environ, "REGBENCH_RUN_DIR": str(tmp_path / side / "r" / "cells" / "c" / "run-1")}
+        procs[side] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                                       start_new_session=True)  # reaping kills the whole group
+    try:
+        assert labelled_processes(run_dir=tmp_path / "a" / "r") == [procs["a"].pid]
+        assert {procs["a"].pid, procs["b"].pid} <= set(labelled_processes("r"))
+        assert reap_local(run_dir=tmp_path / "b" / "r") == [procs["b"].pid]
+        procs["b"].wait(10)
+        assert procs["a"].poll() is None
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
