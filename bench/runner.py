@@ -256,10 +256,9 @@ def run_matrix(
 
 def _wait(workers: list[tuple[threading.Thread, threading.Event]], stop: threading.Event) -> None:
     """Waits until every worker has finished; a Ctrl-C meanwhile stops them and keeps waiting,
-    so that the servers are down before the bench goes on. Not Thread.join: a KeyboardInterrupt
-    landing inside join() can leave a live thread marked as stopped (CPython's
-    _wait_for_tstate_lock releases the lock the running thread holds), and the bench would
-    exit with its servers still running."""
+    so that the servers are down before the bench goes on. Not Thread.join: after a
+    KeyboardInterrupt landed inside join(), a live worker was seen as finished and the bench
+    exited with its server still booting (tests/test_faults.py, test_e2e_vllm.py catch it)."""
     interrupted = False
     while not all(finished.is_set() for _, finished in workers):
         try:
