@@ -210,7 +210,6 @@ def test_a_cell_needing_more_devices_than_the_host_has_is_refused_before_anythin
 
 
 def test_a_real_server_process_is_pinned_to_its_cpus(tmp_path):
-    port = 0
     from bench.launch import ProcessGroup, free_port
 
     port = free_port()
