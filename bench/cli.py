@@ -21,7 +21,7 @@ from bench.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.checkpoint import render as render_checkpoint
 from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
 from bench.matrix import expand
-from bench.records import RunRecord
+from bench.records import RunRecord, TokenDiff
 from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
 from bench.launch import reap_local
 from bench.merge import merge
@@ -57,17 +57,29 @@ class RichProgress:
     def status(self, text: str) -> None:
         self.bar.update(self.task, description=text)
 
-    def run_done(self, record: RunRecord) -> None:
+    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None:
         self.bar.advance(self.task)
-        boot = f"boot {record.server.boot_s:.0f} s" if record.server.boot_s is not None else "no boot"
-        if record.findings:
-            reasons = ", ".join(sorted({f.reason for f in record.findings}))
-            self.bar.console.print(f"[red]✗[/] {record.cell_id} #{record.repeat} ({boot}): {reasons}")
-        else:
-            self.bar.console.print(f"[green]✓[/] {record.cell_id} #{record.repeat} ({boot})")
+        self.bar.console.print(run_line(record, divergence))
 
     def stop(self) -> None:
         self.bar.stop()
+
+
+def run_line(record: RunRecord, divergence: list[TokenDiff] | None) -> str:
+    """One finished run for the console: ✓ only for a run the cell verdict cannot contradict."""
+    boot = f"boot {record.server.boot_s:.0f} s" if record.server.boot_s is not None else "no boot"
+    head = f"{record.cell_id} #{record.repeat} ({boot})"
+    if record.interrupted:
+        return f"[yellow]-[/] {head}: interrupted"
+    reasons = sorted({str(f.reason) for f in record.findings})
+    if divergence:
+        first = min(divergence, key=lambda d: d.position)
+        reasons.append(f"divergence from baseline at token {first.position} ({first.prompt_id})")
+    if reasons:
+        return f"[red]✗[/] {head}: {', '.join(reasons)}"
+    if divergence is None:
+        return f"[yellow]?[/] {head}: no finding of its own; compared with the baseline once it has a clean run"
+    return f"[green]✓[/] {head}"
 
 
 def _interrupt_on_sigterm() -> None:

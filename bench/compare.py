@@ -21,7 +21,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from bench.config import ConfigError
-from bench.judge import first_divergence, reference_outputs
+from bench.judge import reference_outputs
+from bench.tokens import EXACT, Comparator
+from bench.verdicts import Verdict
 from bench.records import CellSummary, Fingerprint, RequestRecord, RunRecord
 from bench.stats import rate_text
 
@@ -131,7 +133,7 @@ def _label(a: CellSummary, b: CellSummary) -> str:
     return "__".join(parts)
 
 
-def _outputs(a: dict[str, list[int]], b: dict[str, list[int]]) -> list[PromptOutput]:
+def _outputs(a: dict[str, list[int]], b: dict[str, list[int]], comparator: Comparator) -> list[PromptOutput]:
     out = []
     for prompt in sorted(a.keys() | b.keys()):
         ia, ib = a.get(prompt), b.get(prompt)
@@ -140,15 +142,17 @@ def _outputs(a: dict[str, list[int]], b: dict[str, list[int]]) -> list[PromptOut
         elif ib is None:
             out.append(PromptOutput(prompt_id=prompt, status="only in A" if b else "no clean run in B"))
         else:
-            pos = first_divergence(ib, ia)
+            pos = comparator.first_difference(ib, ia)
             out.append(PromptOutput(prompt_id=prompt, status="identical" if pos is None else "differs", position=pos))
     return out
 
 
-def _cell_change(a: CellSummary, b: CellSummary, out_a: dict, out_b: dict) -> CellChange:
+def _cell_change(
+    a: CellSummary, b: CellSummary, out_a: dict[str, list[int]], out_b: dict[str, list[int]], comparator: Comparator,
+) -> CellChange:
     new = sorted(set(b.reasons) - set(a.reasons)) if a.runs else []
     why = []
-    if a.verdict == "pass" and b.verdict in ("fail", "flaky"):
+    if a.verdict == Verdict.PASS and b.verdict.failing:
         why.append(f"verdict pass → {b.verdict}")
     if new:
         why.append(f"new failure reasons: {', '.join(new)}")
@@ -156,8 +160,8 @@ def _cell_change(a: CellSummary, b: CellSummary, out_a: dict, out_b: dict) -> Ce
         label=_label(a, b), a_id=a.cell_id, b_id=b.cell_id, a_verdict=a.verdict, b_verdict=b.verdict,
         a_rate=rate_text(a.failures, a.runs), b_rate=rate_text(b.failures, b.runs),
         new_reasons=new, gone_reasons=sorted(set(a.reasons) - set(b.reasons)),
-        regression=bool(why), improvement=a.verdict in ("fail", "flaky") and b.verdict == "pass", why=why,
-        outputs=_outputs(out_a, out_b), a_nondeterministic=a.nondeterministic, b_nondeterministic=b.nondeterministic,
+        regression=bool(why), improvement=a.verdict.failing and b.verdict == Verdict.PASS, why=why,
+        outputs=_outputs(out_a, out_b, comparator), a_nondeterministic=a.nondeterministic, b_nondeterministic=b.nondeterministic,
     )
 
 
@@ -181,7 +185,9 @@ def _fingerprint_changes(a: Side, b: Side, pairs: list[tuple[str, str]]) -> list
     return out
 
 
-def compare(a: Side, b: Side, ignore: frozenset[str] = frozenset()) -> Comparison:
+def compare(
+    a: Side, b: Side, ignore: frozenset[str] = frozenset(), comparator: Comparator = EXACT,
+) -> Comparison:
     """Matches A's cells with B's (see the module docstring) and lists what changed."""
     unknown = sorted(ignore - set(AXES))
     if unknown:
@@ -200,7 +206,7 @@ def compare(a: Side, b: Side, ignore: frozenset[str] = frozenset()) -> Compariso
         )
     changes = [
         _cell_change(index_a[k], index_b[k], a.outputs.get(index_a[k].cell_id, {}),
-                     b.outputs.get(index_b[k].cell_id, {}))
+                     b.outputs.get(index_b[k].cell_id, {}), comparator)
         for k in matched
     ]
     pairs = list(dict.fromkeys((index_a[k].image, index_b[k].image) for k in matched))

@@ -19,6 +19,7 @@ from html import escape
 
 from bench.records import CellSummary, Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
 from bench.stats import percent_range, rate_text
+from bench.verdicts import Verdict
 
 RUNS_SHOWN = 200  # rows per cell's runs table; the JSONL has the rest
 PLOT_RUNS = 500
@@ -28,8 +29,9 @@ TOKEN_IDS = 48
 DETAIL_CHARS = 3000
 NONDET_SHOWN = 50
 
-_LABEL = {"pass": "PASS", "flaky": "FLAKY", "fail": "FAIL", "not run": "NOT RUN"}
-_CLASS = {"pass": "pass", "flaky": "flaky", "fail": "fail", "not run": "notrun"}
+_LABEL = {Verdict.PASS: "PASS", Verdict.FLAKY: "FLAKY", Verdict.FAIL: "FAIL", Verdict.NOT_RUN: "NOT RUN"}
+# CSS classes (a class name cannot hold the space of "not run").
+_CLASS = {Verdict.PASS: "pass", Verdict.FLAKY: "flaky", Verdict.FAIL: "fail", Verdict.NOT_RUN: "notrun"}
 
 
 # C0 controls (ANSI colour codes, NULs from a model without weights) are parse errors in HTML;
@@ -78,7 +80,7 @@ def heatmap(cells: list[CellSummary]) -> str:
             badge = '<span class="badge" title="outputs differ between repeats">≠ nondeterministic</span>' \
                 if c.nondeterministic else ""
             # Flaky cells shade from orange (mostly failing) to yellow-amber (mostly passing).
-            shade = f' style="background:hsl({20 + 30 * pass_rate:.0f},90%,86%)"' if c.verdict == "flaky" else ""
+            shade = f' style="background:hsl({20 + 30 * pass_rate:.0f},90%,86%)"' if c.verdict == Verdict.FLAKY else ""
             out.append(
                 f'<td class="hm {_CLASS[c.verdict]}"{shade} title="{e(c.cell_id)}: {e(reasons)}">'
                 f'<a class="hm-link" href="#{e(_anchor(c.cell_id))}" data-target="{e(_anchor(c.cell_id))}">'
@@ -249,11 +251,11 @@ def _run_rows(
         run = runs[repeat]
         result = results.get(repeat)
         if run.interrupted or result is None:
-            status, cls, reasons = "interrupted", "notrun", "not judged"
+            status, cls, reasons = "interrupted", _CLASS[Verdict.NOT_RUN], "not judged"
         elif result.failed:
-            status, cls, reasons = "fail", "fail", ", ".join(result.reasons)
+            status, cls, reasons = Verdict.FAIL.value, _CLASS[Verdict.FAIL], ", ".join(result.reasons)
         else:
-            status, cls, reasons = "pass", "pass", "–"
+            status, cls, reasons = Verdict.PASS.value, _CLASS[Verdict.PASS], "–"
         lat = [q.latency_s for q in reqs_of.get(repeat, [])]
         lat_text = f"{statistics.median(lat):.2f} / {max(lat):.2f}" if lat else "–"
         details = []

@@ -7,6 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from bench.verdicts import Finding, Reason, Verdict
+
+__all__ = ["Finding", "Reason", "Verdict"]  # the verdict types, where every record type is
+
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -68,12 +72,6 @@ class ServerOutcome(Record):
     ended_at: float | None = None  # wall clock once nothing of the server was left
 
 
-class Finding(Record):
-    reason: str  # a bench.judge.Reason value
-    detail: str
-    prompt_id: str | None = None
-
-
 class RunRecord(Record):
     """One fresh server of one cell: its outcome and every finding about it."""
 
@@ -121,7 +119,7 @@ class RunResult(Record):
     """One judged run of a cell: its own findings' reasons plus its divergence from the baseline."""
 
     repeat: int
-    reasons: list[str] = []  # sorted, one entry per reason; empty = the run passed
+    reasons: list[Reason] = []  # sorted, one entry per reason; empty = the run passed
     divergence: list[TokenDiff] = []  # against the baseline cell's first clean run
 
     @property
@@ -151,8 +149,8 @@ class CellSummary(Record):
     baseline_id: str | None
     runs: int
     failures: int
-    verdict: Literal["pass", "fail", "flaky", "not run"]
-    reasons: dict[str, int]  # reason -> number of runs showing it
+    verdict: Verdict
+    reasons: dict[Reason, int]  # reason -> number of runs showing it
     divergence_positions: list[int] = []  # first differing token position per diverging prompt/run
     example: str | None = None  # one finding's detail, for the table
     # Wilson 95 % interval of the failure rate failures/runs; None when no run was judged.

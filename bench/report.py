@@ -17,6 +17,7 @@ from bench.records import (
     CellSummary, Fingerprint, LogExcerpt, PreflightRecord, RequestRecord, RunRecord, Summary,
 )
 from bench.stats import percent_range
+from bench.verdicts import Verdict
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -52,7 +53,7 @@ def summarize_cells(
 def exit_code(cells: list[CellSummary], interrupted: bool) -> int:
     if interrupted:
         return EXIT_INTERRUPTED
-    return EXIT_PASS if all(c.verdict == "pass" for c in cells) else EXIT_FAIL
+    return EXIT_PASS if all(c.verdict == Verdict.PASS for c in cells) else EXIT_FAIL
 
 
 def summarize(
@@ -79,7 +80,7 @@ def summarize(
     )
 
 
-_MARK = {"pass": "PASS", "fail": "FAIL", "flaky": "FLAKY", "not run": "NOT RUN"}
+_MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
 
 
 def _reasons(c: CellSummary) -> str:
@@ -172,7 +173,7 @@ def render_all(
     }
 
 
-_STYLE = {"pass": "green", "fail": "bold red", "flaky": "yellow", "not run": "dim"}
+_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim"}
 
 
 def table(summary: Summary) -> Table:

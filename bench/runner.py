@@ -18,11 +18,11 @@ from typing import Protocol, TypeVar
 
 from bench.client import run_workload
 from bench.config import Config, ConfigError
-from bench.judge import judge_run
+from bench.judge import divergence, judge_run, reference_outputs
 from bench.launch import BootError, Launcher, LocalLauncher
 from bench.matrix import Cell
 from bench.preflight import preflight
-from bench.records import Devices, RunRecord, Summary
+from bench.records import Devices, RunRecord, Summary, TokenDiff
 from bench.publish import write_reports
 from bench.report import summarize
 from bench.results import ResultsDir, log_tail, read_log
@@ -35,13 +35,30 @@ T = TypeVar("T")
 class Progress(Protocol):
     def start(self, total_runs: int) -> None: ...
     def status(self, text: str) -> None: ...
-    def run_done(self, record: RunRecord) -> None: ...
+    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None:
+        """`divergence`: where the run's outputs differ from its baseline cell's ([] when they
+        match or the cell has no baseline); None while the baseline has no clean run to compare
+        with, so a run without findings of its own cannot be called a pass yet."""
 
 
 class NoProgress:
     def start(self, total_runs: int) -> None: ...
     def status(self, text: str) -> None: ...
-    def run_done(self, record: RunRecord) -> None: ...
+    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None: ...
+
+
+def run_divergence(cell: Cell, record: RunRecord, results: ResultsDir) -> list[TokenDiff] | None:
+    """The run's divergence from its baseline as far as it is known now (see Progress.run_done)."""
+    if cell.baseline_id is None or record.interrupted:
+        return []
+    runs = [r for r in results.runs() if r.cell_id == cell.baseline_id]
+    requests = results.requests()
+    reference = reference_outputs(runs, [q for q in requests if q.cell_id == cell.baseline_id])
+    if not reference:
+        return None
+    mine = [q for q in requests if q.cell_id == cell.id and q.repeat == record.repeat]
+    return [TokenDiff(prompt_id=f.prompt_id or "", repeat=repeat, position=pos)
+            for repeat, pos, f in divergence(mine, reference)]
 
 
 class _Stopped(Exception):
@@ -203,9 +220,10 @@ def run_matrix(
                 record = run_one(config, cell, repeat, launcher, results, progress.status, devices, stop)
             finally:
                 pool.release(devices)
+        diverged = run_divergence(cell, record, results)
         with book:
             failed[cell.id].append(record.failed)
-            progress.run_done(record)
+            progress.run_done(record, diverged)
 
     def worker(finished: threading.Event) -> None:
         try:

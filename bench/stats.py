@@ -9,9 +9,8 @@ failed 7 of 8 starts), so a verdict is only as good as the number of starts behi
 from __future__ import annotations
 
 import math
-from typing import Literal
 
-Verdict = Literal["pass", "flaky", "fail", "not run"]
+from bench.verdicts import Verdict
 
 Z_95 = 1.96
 
@@ -22,16 +21,16 @@ def _check_counts(failures: int, runs: int) -> None:
 
 
 def verdict(failures: int, runs: int) -> Verdict:
-    """The cell rule (documented in bench.judge): pass = no run failed, fail = every run
-    failed, flaky in between; no judged run at all is "not run"."""
+    """The cell rule (documented in bench.verdicts): pass = no run failed, fail = every run
+    failed, flaky in between; no judged run at all is not run."""
     _check_counts(failures, runs)
     if runs == 0:
-        return "not run"
+        return Verdict.NOT_RUN
     if failures == 0:
-        return "pass"
+        return Verdict.PASS
     if failures == runs:
-        return "fail"
-    return "flaky"
+        return Verdict.FAIL
+    return Verdict.FLAKY
 
 
 def wilson_interval(failures: int, runs: int, z: float = Z_95) -> tuple[float, float]:

@@ -25,7 +25,8 @@ def completion_body(text: str, ids: list[int], chat: bool) -> dict:
 
 
 class FakeServer:
-    """`mode` picks the behaviour: ok, empty, http500, http503, badjson, truncated, hang."""
+    """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, http500,
+    http503, badjson, truncated, hang."""
 
     def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0):
         self.mode = mode
@@ -65,6 +66,8 @@ class FakeServer:
     def handle(self, h, body: dict) -> None:
         chat = "messages" in body
         ids = [7] * self.tokens if self.mode == "empty" else list(range(self.tokens))
+        if self.mode == "shifted":
+            ids = [i + 1 for i in ids]
         text = "" if self.mode == "empty" else "w" * self.tokens
         if self.mode == "http500":
             return h._send(500, b'{"error": {"message": "engine dead", "type": "InternalServerError"}}')

@@ -215,3 +215,42 @@ def test_repeats_that_ran_different_images_are_flagged(minimal):
     assert s.verdict == "flaky" and s.reasons == {"fingerprint_changed": 2}
     same = [r.model_copy(update={"server": r.server.model_copy(update={"image_id": "sha256:0"})}) for r in runs]
     assert apply_cell_checks(judge_cell(cell, same, [], None), same, None).verdict == "pass"
+
+
+def test_findings_carry_evidence_a_program_can_read(workload):
+    from bench.verdicts import RepeatedToken, UsageMismatch
+
+    by_reason = {f.reason: f for f in judge_request(req(text="", token_ids=[0] * 128), workload)}
+    degenerate = by_reason[Reason.DEGENERATE].evidence
+    assert isinstance(degenerate, RepeatedToken) and (degenerate.count, degenerate.token_id) == (128, 0)
+    usage = by_reason[Reason.USAGE_TEXT_MISMATCH].evidence
+    assert isinstance(usage, UsageMismatch) and (usage.usage_tokens, usage.text_chars) == (128, 0)
+    # the human text is derived from the evidence, not stored beside it
+    assert by_reason[Reason.DEGENERATE].detail == "p: all 128 token ids are 0"
+    assert "detail" not in by_reason[Reason.DEGENERATE].model_dump()
+
+
+def test_divergence_evidence_has_both_tokens_at_the_first_difference():
+    from bench.judge import divergence
+
+    ((repeat, pos, f),) = divergence([req(token_ids=[1, 2, 9, 4])], {"p": [1, 2, 3, 4]})
+    assert (repeat, pos) == (1, 2)
+    assert (f.evidence.position, f.evidence.token, f.evidence.baseline_token) == (2, 9, 3)
+    ((_, pos, f),) = divergence([req(token_ids=[1, 2])], {"p": [1, 2, 3]})  # ended early
+    assert pos == 2 and (f.evidence.token, f.evidence.baseline_token) == (None, 3)
+
+
+def test_an_exit_episode_names_its_line_and_exception():
+    log = "INFO shutting down\nINFO bye\nboom at exit\nTraceback (most recent call last):\n  File \"x\"\nValueError: bad\n"
+    outcome = ServerOutcome(command=["x"], port=1, log_path="l", started_at=0.0, boot_s=1.0, exit_code=0)
+    (f,) = judge_server(outcome, log, log)
+    assert f.reason == Reason.EXIT_EXCEPTION
+    assert (f.evidence.line, f.evidence.exception) == (3, "ValueError: bad")
+
+
+def test_results_written_before_typed_evidence_still_read():
+    old = '{"reason": "empty_text", "detail": "code: empty text (128 tokens, finish_reason length)", "prompt_id": "code"}'
+    f = Finding.model_validate_json(old)
+    assert f.reason == Reason.EMPTY_TEXT and f.detail == "code: empty text (128 tokens, finish_reason length)"
+    with pytest.raises(ValueError):
+        Finding.model_validate_json('{"reason": "no_such_reason", "detail": "x"}')

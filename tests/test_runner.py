@@ -43,10 +43,12 @@ class Live:
 
 
 class ScriptedLauncher:
-    """Serves repeat N of every cell with modes[N-1] ('ok' or 'empty')."""
+    """Serves repeat N of every cell with modes[N-1] ('ok' or 'empty'), or with by_format's
+    modes for the cells of a load format."""
 
-    def __init__(self, modes: list[str], boot_s: float = 0.0):
+    def __init__(self, modes: list[str], boot_s: float = 0.0, by_format: dict[str, list[str]] | None = None):
         self.modes = modes
+        self.by_format = by_format or {}
         self.boot_s = boot_s
         self.started: list[tuple[str, int]] = []
 
@@ -55,7 +57,8 @@ class ScriptedLauncher:
 
     def server(self, cell, repeat, run_dir, devices=None):
         self.started.append((cell.id, repeat))
-        return Live(self.modes[repeat - 1], run_dir, devices, self.boot_s)
+        modes = self.by_format.get(cell.load_format.name, self.modes)
+        return Live(modes[repeat - 1], run_dir, devices, self.boot_s)
 
 
 def config(minimal, **changes):
@@ -110,3 +113,50 @@ def test_resume_runs_only_what_is_not_done(tmp_path, minimal):
     summary = run_matrix(cfg, expand(cfg), again, launcher=launcher, done=frozenset(done))
     assert [r for _, r in launcher.started] == [2, 3]
     assert summary.cells[0].runs == 3 and len(again.requests()) == 3
+
+
+class Recorded:
+    def __init__(self):
+        self.done = []
+
+    def start(self, total_runs): ...
+    def status(self, text): ...
+
+    def run_done(self, record, divergence):
+        self.done.append((record.cell_id.split("__")[1], record.repeat, divergence))
+
+
+def test_progress_never_calls_a_run_clean_that_its_cell_verdict_fails(tmp_path, minimal):
+    # A run without findings of its own still diverges from the baseline: the progress line is
+    # told so (the baseline ran first), never a bare pass that the table then contradicts.
+    minimal["workload"]["min_tokens"] = minimal["workload"]["max_tokens"] = 16
+    cfg = parse_config({**minimal, "repeats": 1})
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    progress = Recorded()
+    summary = run_matrix(cfg, expand(cfg), results, progress=progress,
+                         launcher=ScriptedLauncher(["ok"], by_format={"runai_streamer": ["shifted"]}))
+    (base, other) = progress.done
+    assert base == ("safetensors", 1, [])
+    assert other[:2] == ("runai_streamer", 1) and [d.position for d in other[2]] == [0]
+    assert {c.load_format: c.verdict for c in summary.cells} == {"safetensors": "pass", "runai_streamer": "fail"}
+
+
+def test_progress_says_pending_while_the_baseline_has_no_clean_run(tmp_path, minimal):
+    minimal["workload"]["min_tokens"] = minimal["workload"]["max_tokens"] = 16
+    cfg = parse_config({**minimal, "repeats": 1})
+    progress = Recorded()
+    run_matrix(cfg, expand(cfg), ResultsDir.create(tmp_path, "r", cfg), progress=progress,
+               launcher=ScriptedLauncher(["empty"], by_format={"runai_streamer": ["ok"]}))
+    assert [d for *_, d in progress.done] == [[], None]
+
+
+def test_the_progress_line_marks_pass_pending_and_divergence():
+    from bench.cli import run_line
+    from bench.records import RunRecord, TokenDiff
+
+    record = RunRecord(cell_id="c", repeat=1, server=ServerOutcome(
+        command=["x"], port=1, log_path="l", started_at=0.0, boot_s=3.0))
+    assert run_line(record, []).startswith("[green]✓")
+    assert "✓" not in run_line(record, None) and "baseline" in run_line(record, None)
+    line = run_line(record, [TokenDiff(prompt_id="p", repeat=1, position=5)])
+    assert line.startswith("[red]✗") and "token 5 (p)" in line

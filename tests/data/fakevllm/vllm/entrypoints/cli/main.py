@@ -1,8 +1,9 @@
 """A stand-in for `python -m vllm.entrypoints.cli.main serve ...`, put first on an image's
 PYTHONPATH by tests about the bench's own handling (results writing, secrets in logs), never
 about what vLLM does. It serves the tests' fake OpenAI wire server on the given port as a real
-process, prints the lines of FAKE_VLLM_PRINT ($NAME expanded from its environment), appends a
-line to FAKE_VLLM_COUNT per answer sent, and exits 0 on SIGTERM like vLLM does."""
+process, prints the lines of FAKE_VLLM_PRINT ($NAME expanded from its environment), prints
+"request received" as each request arrives (tests wait for that line, never for a while), appends
+a line to FAKE_VLLM_COUNT per answer sent, and exits 0 on SIGTERM like vLLM does."""
 
 import os
 import signal
@@ -23,6 +24,7 @@ count_file = os.environ.get("FAKE_VLLM_COUNT")
 
 class Counting(FakeServer):
     def handle(self, h, body):
+        print("request received", flush=True)
         super().handle(h, body)
         if count_file:
             with open(count_file, "a") as f:

@@ -1,0 +1,249 @@
+"""Verdicts: the taxonomy of what the judge can find, as types. Pure; no I/O.
+
+A *finding* is one reason a run failed; a run with no finding passed. Each finding carries
+structured *evidence* (counts, positions, token ids, exit codes, log lines) from which its human
+text is derived, so a program never has to parse prose back.
+
+Per request (bench.judge.judge_request)
+    http_error           the server answered with a non-2xx status
+    timeout              no complete answer within the request time-out
+    connection_error     the connection failed or dropped (the server is gone or not listening)
+    protocol_error       2xx, but the body or stream broke the API's promises (no choices, ...)
+    empty_text           the completion's text is ""
+    one_token            exactly one completion token although min_tokens asked for more
+    short_output         fewer completion tokens than min_tokens
+    usage_text_mismatch  usage counts tokens that the text does not show (tokens > 0, text ""),
+                         or the returned token ids disagree with usage.completion_tokens
+    degenerate           every generated token id is the same one (a model without weights
+                         typically repeats one id forever)
+
+Per run: one fresh server (bench.judge.judge_server)
+    boot_failed          the server could not be started, or exited before /health answered 200;
+                         the evidence has the log tail
+    boot_timeout         /health did not answer 200 before the boot deadline
+    port_taken           another program held the server's port and answered in its place; no
+                         request was sent to it (the evidence names the process)
+    server_died          the server exited while serving, before the bench asked it to stop
+    exit_exception       a traceback, "Exception ignored", UnicodeDecodeError or fatal error was
+                         printed after the stop was requested, other than the allow-listed noise
+                         of a normal vLLM shutdown (bench.judge.BENIGN_SHUTDOWN_NOISE)
+    exit_code            the server's exit code after SIGTERM was not 0, or it had to be killed
+
+Per cell, before and across its runs (bench.judge.apply_cell_checks)
+    weights_lost         the pre-flight audit streamed the cell's checkpoint through the cell's
+                         environment and tensors went missing: the cell fails even if no request
+                         was sent
+    fingerprint_changed  its repeats ran different images (container image ids differ): the
+                         runs are not repeats of one thing; a passing cell becomes flaky
+
+Per cell, against its baseline cell (bench.judge.divergence)
+    divergence           token ids differ from the baseline cell's for the same prompt, as the
+                         comparator (bench.tokens) sees it; the evidence has the first
+                         differing position (0 = the very first token) and both tokens there
+
+Per cell over its repeats (bench.judge.judge_cell)
+    Each repeat is a fresh server, because the failures this bench exists for happen at
+    weight-loading time and a warm server would hide them. Interrupted runs are not judged.
+    A run *failed* when it has a finding of its own or diverges from the baseline.
+    Verdict              PASS when no judged run failed, FAIL when every judged run failed,
+                         FLAKY in between, NOT_RUN with no judged run (bench.stats.verdict;
+                         verdict_settled says when more repeats can no longer change it)
+    failures/runs        with the Wilson 95 % interval of the failure rate: "0/20 (0–16 %)"
+    nondeterminism       token ids of a prompt differ between repeats of the same cell (each
+                         repeat against the cell's first clean run, or its first run if none is
+                         clean), with the first differing position. Flagged on its own: it does
+                         not change the verdict, since a failing run differs anyway and a
+                         passing one may legitimately vary (temperature > 0, batch effects).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Reason(StrEnum):
+    HTTP_ERROR = "http_error"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    PROTOCOL_ERROR = "protocol_error"
+    EMPTY_TEXT = "empty_text"
+    ONE_TOKEN = "one_token"
+    SHORT_OUTPUT = "short_output"
+    USAGE_TEXT_MISMATCH = "usage_text_mismatch"
+    DEGENERATE = "degenerate"
+    BOOT_FAILED = "boot_failed"
+    BOOT_TIMEOUT = "boot_timeout"
+    PORT_TAKEN = "port_taken"
+    SERVER_DIED = "server_died"
+    EXIT_EXCEPTION = "exit_exception"
+    EXIT_CODE = "exit_code"
+    DIVERGENCE = "divergence"
+    WEIGHTS_LOST = "weights_lost"
+    FINGERPRINT_CHANGED = "fingerprint_changed"
+
+
+class Verdict(StrEnum):
+    PASS = "pass"
+    FLAKY = "flaky"
+    FAIL = "fail"
+    NOT_RUN = "not run"
+
+    @property
+    def failing(self) -> bool:
+        return self in (Verdict.FAIL, Verdict.FLAKY)
+
+
+class _Evidence(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+
+class RequestFailed(_Evidence):
+    """http_error, timeout, connection_error, protocol_error."""
+
+    kind: Literal["request_failed"] = "request_failed"
+    status: int | None = None
+    error: str | None = None
+
+    def text(self) -> str:
+        return (f"HTTP {self.status}: " if self.status else "") + str(self.error)
+
+
+class EmptyText(_Evidence):
+    kind: Literal["empty_text"] = "empty_text"
+    completion_tokens: int | None
+    finish_reason: str | None
+
+    def text(self) -> str:
+        return f"empty text ({self.completion_tokens} tokens, finish_reason {self.finish_reason})"
+
+
+class TokenCount(_Evidence):
+    """one_token, short_output."""
+
+    kind: Literal["token_count"] = "token_count"
+    completion_tokens: int
+    min_tokens: int
+
+    def text(self) -> str:
+        if self.completion_tokens == 1:
+            return "1 completion token"
+        return f"{self.completion_tokens} < min_tokens {self.min_tokens}"
+
+
+class UsageMismatch(_Evidence):
+    kind: Literal["usage_mismatch"] = "usage_mismatch"
+    usage_tokens: int
+    token_ids: int | None = None  # how many ids came back, when they were asked for
+    text_chars: int
+
+    def text(self) -> str:
+        if self.usage_tokens > 0 and self.text_chars == 0:
+            return f"usage counts {self.usage_tokens} tokens, text is empty"
+        return f"{self.token_ids} token ids, usage says {self.usage_tokens}"
+
+
+class RepeatedToken(_Evidence):
+    """degenerate."""
+
+    kind: Literal["repeated_token"] = "repeated_token"
+    count: int
+    token_id: int
+
+    def text(self) -> str:
+        return f"all {self.count} token ids are {self.token_id}"
+
+
+class ServerExit(_Evidence):
+    """boot_failed, boot_timeout, port_taken, server_died, exit_code: what became of the process."""
+
+    kind: Literal["server"] = "server"
+    phase: Literal["start", "boot", "serving", "shutdown"]
+    exit_code: int | None = None
+    killed: bool = False  # needed SIGKILL after the grace period
+    message: str | None = None  # the launcher's own words (start error, boot error, port owner)
+    last_line: str | None = None  # the log's last non-empty line
+    log_tail: str | None = None
+
+    def text(self) -> str:
+        if self.phase == "shutdown":
+            return "did not exit after SIGTERM; killed" if self.killed else f"exit code {self.exit_code} after SIGTERM"
+        if self.phase == "start":
+            return str(self.message)
+        if self.exit_code is not None:
+            during = "during boot" if self.phase == "boot" else "while serving"
+            head = f"exited with code {self.exit_code} {during}: {self.last_line}"
+        else:
+            head = f"{self.message or 'not healthy before the deadline'}" + (
+                f": {self.last_line}" if self.last_line is not None else "")
+        return f"{head}\nlog tail:\n{self.log_tail}" if self.log_tail is not None else head
+
+
+class ExitEpisode(_Evidence):
+    """exit_exception: one block of the log printed after the stop was requested."""
+
+    kind: Literal["exit_episode"] = "exit_episode"
+    episode: str  # its last 2000 characters
+    line: int  # its first line, counted from 1 in the log after the stop request
+    exception: str | None = None  # the last "SomeError: message" line in it, if any
+
+    def text(self) -> str:
+        return self.episode
+
+
+class TokenDivergence(_Evidence):
+    kind: Literal["divergence"] = "divergence"
+    position: int  # first differing token, 0 = the very first; a length difference counts
+    token: int | None = None  # the run's token there (None: its output ended first)
+    baseline_token: int | None = None
+
+    def text(self) -> str:
+        return f"differs from baseline at token {self.position}"
+
+
+class Note(_Evidence):
+    """Free text: what results folders written before typed evidence hold."""
+
+    kind: Literal["note"] = "note"
+    note: str
+
+    def text(self) -> str:
+        return self.note
+
+
+Evidence = Annotated[
+    RequestFailed | EmptyText | TokenCount | UsageMismatch | RepeatedToken | ServerExit | ExitEpisode
+    | TokenDivergence | Note,
+    Field(discriminator="kind"),
+]
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Reason
+    evidence: Evidence
+    prompt_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_detail(cls, data: Any) -> Any:
+        # Records written before typed evidence kept only prose in "detail".
+        if isinstance(data, dict) and "detail" in data and "evidence" not in data:
+            data = dict(data)
+            data["evidence"] = Note(note=str(data.pop("detail")))
+        return data
+
+    @property
+    def detail(self) -> str:
+        """The human text, derived from the evidence."""
+        text = self.evidence.text()
+        return f"{self.prompt_id}: {text}" if self.prompt_id and isinstance(self.evidence, _PROMPT_PREFIXED) else text
+
+
+_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, UsageMismatch, RepeatedToken, TokenDivergence)
