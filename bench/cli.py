@@ -23,14 +23,13 @@ from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_
 from bench.matrix import expand
 from bench.records import RunRecord, TokenDiff
 from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
-from bench.launch import reap_local
 from bench.merge import merge
 from bench.slicing import github_matrix, parse_shard, slice_cells
 from bench.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
-from bench.launch_docker import DockerUnavailable
+from bench.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.platforms import host_facts, select
 from bench.redact import redactor_for
-from bench.runner import check_devices, make_launcher, run_matrix
+from bench.runner import check_devices, run_matrix
 from bench.compare import AXES, compare, format_comparison
 from bench.publish import load_side, regenerate
 from bench.stats import detection_probability, percent_range, repeats_needed, wilson_interval
@@ -151,8 +150,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         results, done = _resume(args.resume)
         config, run_id = results.config(), results.path.name
         results.redactor = redactor_for(config.server.env_passthrough)
-        # A killed bench leaves its servers running; they hold ports, memory and GPUs.
-        reap_local(run_dir=results.path)  # this folder's: another run may share the id
     else:
         config = with_image_refs(load_config(args.config), args.image or [])
         run_id = args.run_id or new_run_id(config.name)
@@ -171,16 +168,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"cannot create the results directory: {exc}") from None
     try:
-        launcher = make_launcher(config, run_id)
-    except DockerUnavailable as exc:
+        launcher = open_launcher(config, run_id)
+    except LauncherUnavailable as exc:
         raise ConfigError(str(exc)) from None
+    if args.resume is not None:
+        # A killed bench leaves its servers running; they hold ports, memory and GPUs. Local
+        # ones by this folder (another run may share the id), containers by the run id.
+        backend(config.launcher).leftovers(run_id, results.path)
     _interrupt_on_sigterm()
     progress = RichProgress()
     try:
-        if args.resume is not None and config.launcher == "docker":
-            from bench.launch_docker import clean
-
-            clean(launcher.docker, run_id)
         summary = run_matrix(config, cells, results, launcher=launcher, progress=progress, done=done)
     finally:
         progress.stop()
@@ -276,16 +273,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    """Removes what a killed bench left running: containers by label, local servers by theirs."""
-    from bench.launch_docker import clean, client
-
-    pids = reap_local(args.run_id)
-    print(f"stopped {len(pids)} local server process(es)")
-    try:
-        removed = clean(client(), args.run_id)
-    except DockerUnavailable:
-        removed = []  # no engine, no containers
-    print(f"removed {len(removed)} container(s)" + (": " + ", ".join(removed) if removed else ""))
+    """Removes what a killed bench left running, of every launcher back-end, found by labels."""
+    for name, removed in remove_leftovers(args.run_id).items():
+        print(f"{name} launcher: removed {len(removed)} leftover(s)" + (": " + ", ".join(removed) if removed else ""))
     return 0
 
 

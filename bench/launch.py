@@ -34,8 +34,12 @@ from bench.config import Config, Image, Platform
 from bench.config import Server as ServerConfig
 from bench.matrix import Cell
 from bench.fingerprint import fingerprint
+from bench.launchers import LauncherUnavailable
 from bench.records import Devices, Fingerprint, ServerOutcome
 from bench.redact import Redactor, redactor_for
+from bench.stop import StopToken, Stopped
+
+__all__ = ["LauncherUnavailable", "Stopped"]
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
@@ -161,6 +165,16 @@ def process_name(pid: int) -> str:
         return "?"
 
 
+def foreign_port_holder(port: int, owns: Callable[[int], bool]) -> str | None:
+    """Who else holds a TCP port of this host, described ("pid 12 (nc)"), or None when nobody
+    or the server itself (`owns`) does. For handles whose server runs on this host, in its
+    network namespace (a local process group, a host-networked container)."""
+    owner = port_listener(port)
+    if owner is None or owns(owner):
+        return None
+    return f"pid {owner} ({process_name(owner)})"
+
+
 class BootError(Exception):
     """The server did not become healthy; the outcome says how."""
 
@@ -173,7 +187,9 @@ class Handle(Protocol):
     def wait(self, timeout: float | None) -> int | None: ...  # exit code, None on time-out
     def log_size(self) -> int: ...  # bytes of log captured so far
     def identity(self) -> str | None: ...  # the image id a container runs; None for processes
-    def owns(self, pid: int) -> bool: ...  # is that host process part of this server?
+    # Another program holding the server's port, described; None when the server holds it or
+    # the handle cannot tell (a server on another host: then nothing proves ownership).
+    def foreign_port_holder(self, port: int) -> str | None: ...
     def cleanup(self) -> None: ...  # reap stragglers, remove what was created; idempotent
 
 
@@ -190,23 +206,26 @@ class Server:
         shutdown_timeout_s: float,
         health_path: str = "/health",
         devices: Devices | None = None,
+        stop: StopToken | None = None,
+        host: str = HOST,
     ):
         self._start_handle = start
+        self.host = host
         self.port = port
         self.log_path = log_path
         self.boot_timeout_s = boot_timeout_s
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.health_url = f"http://{HOST}:{port}{health_path}"
+        self.health_url = f"http://{host}:{port}{health_path}"
         self.handle: Handle | None = None
-        # Polled while booting; the runner sets it so that stopping a run does not wait out a boot.
-        self.should_stop: Callable[[], bool] = lambda: False
+        # Looked at while booting, so that stopping a run does not wait out a boot.
+        self.stop = stop or StopToken()
         self.outcome = ServerOutcome(
             command=command, port=port, log_path=str(log_path), started_at=time.time(), devices=devices
         )
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _update(self, **fields) -> None:
         self.outcome = self.outcome.model_copy(update=fields)
@@ -252,18 +271,16 @@ class Server:
                 if time.monotonic() >= deadline:
                     self._update(boot_error=f"not healthy after {self.boot_timeout_s:g} s")
                     raise BootError(self.outcome.boot_error)
-                if self.should_stop():
-                    raise KeyboardInterrupt
-                time.sleep(_POLL_S)
+                if self.stop.wait(_POLL_S):
+                    raise Stopped(self.stop.reason)
 
     def _check_port_owner(self) -> None:
         # Whatever answers /health on our port may not be our server: another program can take a
         # free port between our pick and the server's bind, and would then get the whole
         # workload. Nothing is sent to a port the server does not hold.
         assert self.handle is not None
-        owner = port_listener(self.port)
-        if owner is not None and not self.handle.owns(owner):
-            taken = f"pid {owner} ({process_name(owner)})"
+        taken = self.handle.foreign_port_holder(self.port)
+        if taken is not None:
             self._update(port_taken_by=taken, boot_error=f"port {self.port} is held by {taken}, not by the server")
             raise BootError(self.outcome.boot_error)
 
@@ -398,6 +415,9 @@ class ProcessGroup:
         except ProcessLookupError:
             return False
 
+    def foreign_port_holder(self, port: int) -> str | None:
+        return foreign_port_holder(port, self.owns)
+
     def cleanup(self) -> None:
         # The leader may be gone while children linger (an engine core, a resource tracker).
         try:
@@ -449,12 +469,32 @@ def reap_local(run_id: str | None = None, run_dir: Path | None = None) -> list[i
 
 
 class Launcher(Protocol):
-    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server: ...
+    """Servers for the cells of one run (bench.launchers opens one by the matrix's `launcher`)."""
+
+    # Whether the pre-flight audit can run an image's loader with the image's Python here.
+    audits_here: bool
+
+    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
+               stop: StopToken | None = None) -> Server: ...
     def fingerprint(self, image: Image) -> Fingerprint: ...
+
+
+class LocalBackend:
+    """bench.launchers.Backend for `launcher: local`."""
+
+    name = "local"
+
+    def open(self, config: Config, run_id: str) -> LocalLauncher:
+        return LocalLauncher(config)
+
+    def leftovers(self, run_id: str | None = None, results: Path | None = None) -> list[str]:
+        return [f"local server process {pid}" for pid in reap_local(run_id, results)]
 
 
 class LocalLauncher:
     """The built-in default: `vllm serve` from the image's Python on this host."""
+
+    audits_here = True
 
     def __init__(self, config: Config, base_env: dict[str, str] | None = None):
         self.config = config
@@ -464,7 +504,8 @@ class LocalLauncher:
     def fingerprint(self, image: Image) -> Fingerprint:
         return fingerprint(image, image_env(image, self.base_env))
 
-    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server:
+    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
+               stop: StopToken | None = None) -> Server:
         port = free_port()
         server = self.config.server
         argv = device_argv(devices, vllm_argv(cell, server, port))
@@ -481,4 +522,4 @@ class LocalLauncher:
             return ProcessGroup(argv, env, run_dir, log_path, scratch, self.redactor)
 
         return Server(start, argv, port, log_path, server.boot_timeout_s, server.shutdown_timeout_s,
-                      devices=devices)
+                      devices=devices, stop=stop)

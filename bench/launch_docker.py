@@ -33,7 +33,11 @@ import requests.exceptions
 
 from bench.config import Config, Image, Platform
 from bench.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
-from bench.launch import HOST, Server, StartError, device_env, free_port, serve_args, server_env
+from bench.launch import (
+    HOST, Server, StartError, device_env, foreign_port_holder, free_port, serve_args, server_env,
+)
+from bench.launchers import LauncherUnavailable
+from bench.stop import StopToken
 from bench.matrix import Cell
 from bench.records import Devices, Fingerprint
 from bench.redact import Redactor, redactor_for
@@ -45,7 +49,7 @@ HUB_CACHE = "/root/.cache/huggingface"
 ENTRYPOINT = ["python3", "-m", "vllm.entrypoints.cli.main"]
 
 
-class DockerUnavailable(Exception):
+class DockerUnavailable(LauncherUnavailable):
     """No engine answers; the message says how to start one."""
 
 
@@ -219,6 +223,10 @@ class Container:
         except OSError:
             return False
 
+    def foreign_port_holder(self, port: int) -> str | None:
+        # Host networking: the container's sockets are this host's, /proc tells who holds them.
+        return foreign_port_holder(port, self.owns)
+
     def cleanup(self) -> None:
         if self.container is None:
             return
@@ -231,7 +239,27 @@ class Container:
             thread.join(timeout=10)
 
 
+class DockerBackend:
+    """bench.launchers.Backend for `launcher: docker`."""
+
+    name = "docker"
+
+    def open(self, config: Config, run_id: str) -> DockerLauncher:
+        return DockerLauncher(config, run_id)
+
+    def leftovers(self, run_id: str | None = None, results: Path | None = None) -> list[str]:
+        # Containers carry the run id, not the results folder: a resumed run removes its id's.
+        try:
+            c = client()
+        except DockerUnavailable:
+            return []  # no engine, no containers
+        return [f"container {name}" for name in clean(c, run_id)]
+
+
 class DockerLauncher:
+    # The audit needs the image's Python on this host; in containers it is left to the cells.
+    audits_here = False
+
     def __init__(self, config: Config, run_id: str, docker_client: docker.DockerClient | None = None,
                  host_env: dict[str, str] | None = None):
         self.config = config
@@ -240,7 +268,8 @@ class DockerLauncher:
         self.host_env = dict(os.environ if host_env is None else host_env)
         self.redactor = redactor_for(config.server.env_passthrough, self.host_env)
 
-    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None) -> Server:
+    def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
+               stop: StopToken | None = None) -> Server:
         port = free_port()
         command = serve_args(cell, self.config.server, port, container_model_path(cell))
         log_path = run_dir / "server.log"
@@ -259,7 +288,7 @@ class DockerLauncher:
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
                       self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s,
-                      devices=devices)
+                      devices=devices, stop=stop)
 
     def fingerprint(self, image: Image) -> Fingerprint:
         """The probe run inside the image, with the image's overlay; a failure is recorded."""

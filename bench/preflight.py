@@ -23,7 +23,11 @@ STREAMING_FORMATS = {"runai_streamer", "runai_streamer_sharded"}
 AUDIT_ORDERS = ("sorted", "listing")
 
 
-def preflight(config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None) -> list[PreflightRecord]:
+def preflight(
+    config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None, audit_here: bool = True,
+) -> list[PreflightRecord]:
+    """`audit_here`: the launcher runs images on this host with their own Python (see
+    bench.launch.Launcher.audits_here); otherwise audits are recorded as skipped."""
     out: list[PreflightRecord] = []
     for model in {c.model.name: c.model for c in cells}.values():
         if not os.path.isdir(model.path):
@@ -46,8 +50,7 @@ def preflight(config: Config, cells: list[Cell], status: Callable[[str], None] =
             continue
         seen.add(key)
         base = PreflightRecord(kind="audit", model=key[0], image=key[1], load_format=key[2], ok=True)
-        if config.launcher != "local":
-            # The probe needs the image's Python; in containers that is left to the cells.
+        if not audit_here:
             out.append(base.model_copy(update={"skipped": True, "notes": ["it runs on the local launcher only"]}))
             continue
         status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")

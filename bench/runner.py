@@ -1,7 +1,14 @@
 """The orchestrator: cells → launch → requests → verdicts → report, writing as it goes.
 
 The only module that ties the pure core (config, matrix, judge, report) to the I/O edges
-(launch, client, results files).
+(launch, client, results files). ``run_matrix`` is four parts, each usable alone:
+``prepare`` (pre-flight, fingerprints), a ``Schedule`` (which run next, early stop), the
+``Workers`` (one thread per device slot, plus one for cells run one at a time) that each run
+``run_one`` (one fresh server), and ``finish`` (verdicts and report files).
+
+Stopping has one path: a ``bench.stop.StopToken``. Ctrl-C or SIGTERM in the calling thread and a
+worker's fatal error both set it; every wait looks at it; a run it cut short is recorded as
+interrupted.
 """
 
 from __future__ import annotations
@@ -19,17 +26,20 @@ from typing import Protocol, TypeVar
 from bench.client import run_workload
 from bench.config import Config, ConfigError
 from bench.judge import divergence, judge_run, reference_outputs
-from bench.launch import BootError, Launcher, LocalLauncher
+from bench.launch import BootError, Launcher
+from bench.launchers import open_launcher
 from bench.matrix import Cell
 from bench.preflight import preflight
-from bench.records import Devices, RunRecord, Summary, TokenDiff
 from bench.publish import write_reports
+from bench.records import Devices, RequestRecord, RunRecord, Summary, TokenDiff
 from bench.report import summarize
 from bench.results import ResultsDir, log_tail, read_log
-from bench.slots import Cancelled, SlotPool
+from bench.slots import SlotPool
 from bench.stats import verdict_settled
+from bench.stop import Stopped, StopToken
 
 T = TypeVar("T")
+_POLL_S = 0.2
 
 
 class Progress(Protocol):
@@ -61,34 +71,29 @@ def run_divergence(cell: Cell, record: RunRecord, results: ResultsDir) -> list[T
             for repeat, pos, f in divergence(mine, reference)]
 
 
-class _Stopped(Exception):
-    """The run is being stopped (Ctrl-C, SIGTERM, or another worker's fatal error)."""
-
-
-async def _unless_stopped(work: Awaitable[T], stop: threading.Event) -> T:
+async def _until_stopped(work: Awaitable[T], stop: StopToken) -> T:
     task = asyncio.ensure_future(work)
     while True:
-        finished, _ = await asyncio.wait({task}, timeout=0.2)
+        finished, _ = await asyncio.wait({task}, timeout=_POLL_S)
         if finished:
             return task.result()
-        if stop.is_set():
+        if stop.stopped:
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
-            raise _Stopped()
+            raise Stopped(stop.reason)
 
 
 def run_one(
     config: Config, cell: Cell, repeat: int, launcher: Launcher, results: ResultsDir,
-    status: Callable[[str], None], devices: Devices | None = None, stop: threading.Event | None = None,
+    status: Callable[[str], None], devices: Devices | None = None, stop: StopToken | None = None,
 ) -> RunRecord:
-    """One fresh server: boot, send the workload, stop, judge. When `stop` is set the server is
-    taken down, an interrupted run record is written and KeyboardInterrupt is raised."""
-    stop = stop or threading.Event()
+    """One fresh server: boot, send the workload, stop, judge, record. When `stop` is set
+    meanwhile the server is taken down and the run is recorded as interrupted (not judged)."""
+    stop = stop or StopToken()
     run_dir = results.run_dir(cell.id, repeat)
-    server = launcher.server(cell, repeat, run_dir, devices)
-    server.should_stop = stop.is_set
-    requests = []
+    server = launcher.server(cell, repeat, run_dir, devices, stop)
+    requests: list[RequestRecord] = []
     requests_s = None
     interrupted = False
     try:
@@ -96,22 +101,20 @@ def run_one(
         with server:
             status(f"{cell.id} #{repeat}: serving")
             t0 = time.monotonic()
-            requests = asyncio.run(
-                _unless_stopped(
-                    run_workload(
-                        server.base_url, cell.model.served, config.workload,
-                        cell_id=cell.id, repeat=repeat, on_record=results.add_request,
-                    ),
-                    stop,
-                )
-            )
+            requests = asyncio.run(_until_stopped(
+                run_workload(server.base_url, cell.model.served, config.workload,
+                             cell_id=cell.id, repeat=repeat, on_record=results.add_request),
+                stop,
+            ))
             requests_s = time.monotonic() - t0
             status(f"{cell.id} #{repeat}: stopping")
     except BootError:
         pass  # the outcome says how; judged below like any other run
-    except (KeyboardInterrupt, _Stopped):
+    except Stopped:
         interrupted = True
     finally:
+        # Also on the way out of an error (results that cannot be written): what is known of
+        # the run is recorded if it can be.
         outcome = server.outcome
         log = Path(outcome.log_path)
         findings = []
@@ -119,23 +122,12 @@ def run_one(
             shutdown = read_log(log, outcome.stop_requested_at_byte or 0) if outcome.boot_s is not None else ""
             findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log))
         record = RunRecord(
-            cell_id=cell.id, repeat=repeat, server=outcome.model_copy(
-                update={"log_path": os.path.relpath(log, results.path)}
-            ),
+            cell_id=cell.id, repeat=repeat,
+            server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
             requests_s=requests_s, findings=findings, interrupted=interrupted,
         )
         results.add_run(record)
-    if interrupted:
-        raise KeyboardInterrupt
     return record
-
-
-def make_launcher(config: Config, run_id: str) -> Launcher:
-    if config.launcher == "docker":
-        from bench.launch_docker import DockerLauncher
-
-        return DockerLauncher(config, run_id)
-    return LocalLauncher(config)
 
 
 def check_devices(config: Config, cells: list[Cell]) -> None:
@@ -160,6 +152,143 @@ def device_pools(config: Config, cells: list[Cell], locks: Path | None = None) -
     return pools
 
 
+def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: Launcher,
+            status: Callable[[str], None]) -> None:
+    """Before any cell: the pre-flight checks of the weights and each image's fingerprint, each
+    once per results folder (a resumed run keeps what it has)."""
+    if config.preflight and not results.preflights():
+        for record in preflight(config, cells, status, audit_here=launcher.audits_here):
+            results.add_preflight(record)
+    printed = {f.image for f in results.fingerprints()}
+    for image in {c.image.name: c.image for c in cells}.values():
+        if image.name not in printed:
+            status(f"fingerprint of {image.name}")
+            results.add_fingerprint(launcher.fingerprint(image))
+
+
+class Schedule:
+    """The runs still to do, in matrix order, and early stop: thread-safe."""
+
+    def __init__(self, config: Config, cells: list[Cell], done: frozenset[tuple[str, int]],
+                 earlier: list[RunRecord], status: Callable[[str], None]):
+        self.early_stop = config.early_stop
+        self.status = status
+        self.todo = deque((cell, repeat) for cell in cells for repeat in range(1, cell.repeats + 1)
+                          if (cell.id, repeat) not in done)
+        self.total = len(self.todo)
+        self.failed: dict[str, list[bool]] = {}
+        for r in earlier:
+            self.failed.setdefault(r.cell_id, []).append(r.failed)
+        self.lock = threading.Lock()
+
+    def next(self, stop: StopToken) -> tuple[Cell, int] | None:
+        with self.lock:
+            while self.todo and not stop.stopped:
+                cell, repeat = self.todo.popleft()
+                outcomes = self.failed.get(cell.id, [])
+                if self.early_stop and outcomes and verdict_settled(sum(outcomes), len(outcomes), cell.repeats):
+                    self.status(f"{cell.id}: verdict settled after {len(outcomes)} runs, skipping #{repeat}")
+                    continue
+                return cell, repeat
+        return None
+
+    def record(self, record: RunRecord) -> None:
+        with self.lock:
+            if not record.interrupted:
+                self.failed.setdefault(record.cell_id, []).append(record.failed)
+
+
+class Workers:
+    """Threads that take runs from a schedule until it is empty or the token is set. One per
+    device of every pool, each holding the devices its cell needs while it runs; one more for
+    cells of platforms without devices, which run one at a time."""
+
+    def __init__(self, config: Config, schedule: Schedule, pools: dict[str, SlotPool], launcher: Launcher,
+                 results: ResultsDir, progress: Progress, stop: StopToken):
+        self.config, self.schedule, self.pools = config, schedule, pools
+        self.launcher, self.results, self.progress, self.stop = launcher, results, progress, stop
+        self.one_at_a_time = threading.Lock()
+        self.reporting = threading.Lock()
+        self.errors: list[BaseException] = []
+        self._finished: list[threading.Event] = []
+        self._threads: list[threading.Thread] = []
+
+    def count(self, cells: list[Cell]) -> int:
+        return sum(len(p.ids) for p in self.pools.values()) + any(c.platform not in self.pools for c in cells)
+
+    def start(self, count: int) -> None:
+        for i in range(count):
+            finished = threading.Event()
+            # Not daemons: should the bench ever get to exit early, it still waits for them.
+            thread = threading.Thread(target=self._work, args=(finished,), name=f"regbench-worker-{i}")
+            self._finished.append(finished)
+            self._threads.append(thread)
+            thread.start()
+
+    def _run(self, cell: Cell, repeat: int) -> RunRecord | None:
+        pool = self.pools.get(cell.platform)
+        if pool is None:
+            while not self.one_at_a_time.acquire(timeout=_POLL_S):
+                if self.stop.stopped:
+                    return None
+            try:
+                return run_one(self.config, cell, repeat, self.launcher, self.results, self.progress.status,
+                               None, self.stop)
+            finally:
+                self.one_at_a_time.release()
+        try:
+            devices = pool.acquire(cell.model.tensor_parallel_size, self.stop, self.progress.status)
+        except Stopped:
+            return None
+        try:
+            return run_one(self.config, cell, repeat, self.launcher, self.results, self.progress.status,
+                           devices, self.stop)
+        finally:
+            pool.release(devices)
+
+    def _work(self, finished: threading.Event) -> None:
+        try:
+            while (job := self.schedule.next(self.stop)) is not None:
+                record = self._run(*job)
+                if record is None:
+                    continue
+                self.schedule.record(record)
+                diverged = run_divergence(job[0], record, self.results)
+                with self.reporting:
+                    self.progress.run_done(record, diverged)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread by wait()
+            self.errors.append(exc)
+            self.stop.stop(f"a worker failed: {exc}")
+        finally:
+            finished.set()
+
+    def wait(self) -> bool:
+        """Waits until every worker has finished; returns whether a Ctrl-C came meanwhile. A
+        Ctrl-C sets the token and the wait goes on, so that the servers are down before the
+        bench goes on. Not Thread.join alone: after a KeyboardInterrupt landed inside join(), a
+        live worker was seen as finished and the bench exited with its server still booting."""
+        interrupted = False
+        while not all(f.is_set() for f in self._finished):
+            try:
+                time.sleep(_POLL_S)
+            except KeyboardInterrupt:
+                interrupted = True
+                self.stop.stop("interrupted")
+        for thread in self._threads:
+            thread.join()
+        return interrupted
+
+
+def finish(config: Config, cells: list[Cell], results: ResultsDir, started: float, interrupted: bool) -> Summary:
+    """Verdicts over everything the results folder holds, and the report files."""
+    summary = summarize(
+        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(),
+        interrupted, results.preflights(),
+    )
+    write_reports(results, summary)
+    return summary
+
+
 def run_matrix(
     config: Config,
     cells: list[Cell],
@@ -168,123 +297,29 @@ def run_matrix(
     progress: Progress | None = None,
     done: frozenset[tuple[str, int]] = frozenset(),
     locks: Path | None = None,
+    stop: StopToken | None = None,
 ) -> Summary:
     """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation).
 
-    Cells of a platform with `devices` run concurrently, each server on its own devices (one
-    worker per device, each holding as many as its cell needs); the others one at a time.
-    Ctrl-C (KeyboardInterrupt in the calling thread) stops every server and ends the run as
-    interrupted; an error in a worker (results that cannot be written) stops the others too and
-    is raised once every server is down."""
-    launcher = launcher or make_launcher(config, results.path.name)
+    Ctrl-C (KeyboardInterrupt in the calling thread) or `stop` set from elsewhere stops every
+    server and ends the run as interrupted; an error in a worker (results that cannot be
+    written) stops the others too and is raised once every server is down."""
+    launcher = launcher or open_launcher(config, results.path.name)
     progress = progress or NoProgress()
+    stop = stop or StopToken()
     pools = device_pools(config, cells, locks)
     started = time.time()
     interrupted = False
-    todo = deque((cell, repeat) for cell in cells for repeat in range(1, cell.repeats + 1)
-                 if (cell.id, repeat) not in done)
-    progress.start(len(todo))
-    stop = threading.Event()
-    book = threading.Lock()  # guards todo, failed and progress
-    one_at_a_time = threading.Lock()  # for cells of platforms without devices
-    errors: list[BaseException] = []
-    workers: list[tuple[threading.Thread, threading.Event]] = []
-
-    def next_job() -> tuple[Cell, int] | None:
-        with book:
-            while todo and not stop.is_set():
-                cell, repeat = todo.popleft()
-                outcomes = failed.setdefault(cell.id, [])
-                if config.early_stop and outcomes and verdict_settled(sum(outcomes), len(outcomes), cell.repeats):
-                    progress.status(f"{cell.id}: verdict settled after {len(outcomes)} runs, skipping #{repeat}")
-                    continue
-                return cell, repeat
-        return None
-
-    def run_job(cell: Cell, repeat: int) -> None:
-        pool = pools.get(cell.platform)
-        if pool is None:
-            while not one_at_a_time.acquire(timeout=0.2):
-                if stop.is_set():
-                    return
-            try:
-                record = run_one(config, cell, repeat, launcher, results, progress.status, None, stop)
-            finally:
-                one_at_a_time.release()
-        else:
-            try:
-                devices = pool.acquire(cell.model.tensor_parallel_size, stop.is_set, progress.status)
-            except Cancelled:
-                return
-            try:
-                record = run_one(config, cell, repeat, launcher, results, progress.status, devices, stop)
-            finally:
-                pool.release(devices)
-        diverged = run_divergence(cell, record, results)
-        with book:
-            failed[cell.id].append(record.failed)
-            progress.run_done(record, diverged)
-
-    def worker(finished: threading.Event) -> None:
-        try:
-            while (job := next_job()) is not None:
-                run_job(*job)
-        except KeyboardInterrupt:
-            pass  # the run is being stopped; the record says so
-        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread below
-            errors.append(exc)
-            stop.set()
-        finally:
-            finished.set()
-
+    schedule = Schedule(config, cells, done, results.runs(), progress.status)
+    workers = Workers(config, schedule, pools, launcher, results, progress, stop)
     try:
-        if config.preflight and not results.preflights():
-            for record in preflight(config, cells, progress.status):
-                results.add_preflight(record)
-        printed = {f.image for f in results.fingerprints()}
-        for image in {c.image.name: c.image for c in cells}.values():
-            if image.name not in printed:
-                progress.status(f"fingerprint of {image.name}")
-                results.add_fingerprint(launcher.fingerprint(image))
-        failed: dict[str, list[bool]] = {}
-        for r in results.runs():
-            failed.setdefault(r.cell_id, []).append(r.failed)
-        # Enough workers to fill every device, and one for the cells that run one at a time.
-        count = sum(len(p.ids) for p in pools.values()) + any(c.platform not in pools for c in cells)
-        for i in range(count):
-            finished = threading.Event()
-            # Not daemons: should the bench ever get to exit early, it still waits for them.
-            thread = threading.Thread(target=worker, args=(finished,), name=f"regbench-worker-{i}")
-            workers.append((thread, finished))
-            thread.start()
-        _wait(workers, stop)
+        progress.start(schedule.total)
+        prepare(config, cells, results, launcher, progress.status)
+        workers.start(workers.count(cells))
     except KeyboardInterrupt:
         interrupted = True
-        stop.set()
-        _wait(workers, stop)
-    if errors:
-        raise errors[0]
-    summary = summarize(
-        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(),
-        interrupted or stop.is_set(), results.preflights(),
-    )
-    write_reports(results, summary)
-    return summary
-
-
-def _wait(workers: list[tuple[threading.Thread, threading.Event]], stop: threading.Event) -> None:
-    """Waits until every worker has finished; a Ctrl-C meanwhile stops them and keeps waiting,
-    so that the servers are down before the bench goes on. Not Thread.join: after a
-    KeyboardInterrupt landed inside join(), a live worker was seen as finished and the bench
-    exited with its server still booting (tests/test_faults.py, test_e2e_vllm.py catch it)."""
-    interrupted = False
-    while not all(finished.is_set() for _, finished in workers):
-        try:
-            time.sleep(0.2)
-        except KeyboardInterrupt:
-            interrupted = True
-            stop.set()
-    for thread, _ in workers:
-        thread.join()
-    if interrupted:
-        raise KeyboardInterrupt
+        stop.stop("interrupted")
+    interrupted = workers.wait() or interrupted
+    if workers.errors:
+        raise workers.errors[0]
+    return finish(config, cells, results, started, interrupted or stop.stopped)

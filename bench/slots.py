@@ -22,12 +22,9 @@ from pathlib import Path
 from typing import Literal
 
 from bench.records import Devices, RunRecord
+from bench.stop import Stopped, StopToken
 
 LOCK_DIR_ENV = "REGBENCH_LOCK_DIR"
-
-
-class Cancelled(Exception):
-    """Waiting for devices was given up because the run is being stopped."""
 
 
 def lock_dir(env: dict[str, str] | None = None) -> Path:
@@ -73,16 +70,17 @@ class SlotPool:
         except OSError:
             return None
 
-    def acquire(self, count: int, cancelled: Callable[[], bool] = lambda: False,
+    def acquire(self, count: int, stop: StopToken | None = None,
                 waiting: Callable[[str], None] = lambda _: None) -> Devices:
-        """Blocks until `count` devices are free here and unlocked on the host; lowest ids first."""
+        """Blocks until `count` devices are free here and unlocked on the host; lowest ids
+        first. Raises bench.stop.Stopped once `stop` is set."""
         if count > len(self.ids):
             raise ValueError(f"{count} devices asked for, {len(self.ids)} in the pool")
         told = False
         with self._cond:
             while True:
-                if cancelled():
-                    raise Cancelled()
+                if stop is not None and stop.stopped:
+                    raise Stopped(stop.reason)
                 taken: list[tuple[str, int]] = []
                 for device in self.ids:
                     if len(taken) == count:

@@ -28,8 +28,10 @@ class FakeServer:
     """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, http500,
     http503, badjson, truncated, hang."""
 
-    def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0):
+    def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0, on_request=None):
+        """`on_request()` is called as each request arrives, before it is answered (or not)."""
         self.mode = mode
+        self.on_request = on_request
         self.tokens = tokens
         self.requests: list[dict] = []
         outer = self
@@ -46,6 +48,8 @@ class FakeServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
+                if outer.on_request is not None:
+                    outer.on_request()
                 outer.handle(self, body)
 
             def _send(self, code, data, ctype="application/json"):

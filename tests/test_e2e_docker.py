@@ -162,6 +162,6 @@ def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine, fault):
     assert containers_of(engine, "dkill"), "the container should have outlived the bench"
     out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "dkill"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "removed 1 container" in out.stdout, out
+    assert out.returncode == 0 and "docker launcher: removed 1 leftover(s): container regbench-" in out.stdout, out
     assert containers_of(engine, "dkill") == []
     fault("`regbench clean` removes the container", processes_left=len(containers_of(engine, "dkill")))

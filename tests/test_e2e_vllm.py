@@ -19,7 +19,7 @@ import yaml
 
 from bench.records import PreflightRecord, RunRecord, Summary
 
-from .procs import processes_labelled
+from .support import processes_labelled
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "cpu-smoke.yaml"

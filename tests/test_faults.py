@@ -22,7 +22,7 @@ from bench.records import RequestRecord, RunRecord, Summary
 from bench.results import read_jsonl
 
 from .fakeserver import FakeServer
-from .procs import processes_labelled
+from .support import processes_labelled
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKEVLLM = Path(__file__).parent / "data" / "fakevllm"

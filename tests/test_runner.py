@@ -3,62 +3,13 @@ the tests' fake OpenAI wire server: what is under test is the bench's bookkeepin
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 from bench.config import parse_config
 from bench.matrix import expand
-from bench.records import Fingerprint, ServerOutcome
+from bench.records import ServerOutcome
 from bench.results import ResultsDir
 from bench.runner import run_matrix
 
-from .fakeserver import FakeServer
-
-
-class Live:
-    def __init__(self, mode: str, run_dir: Path, devices=None, boot_s: float = 0.0):
-        self.fake = FakeServer(mode)
-        self.boot_s = boot_s
-        self.should_stop = lambda: False
-        log = run_dir / "server.log"
-        log.write_text("fake server\n")
-        self.outcome = ServerOutcome(command=["fake", mode], port=0, log_path=str(log), started_at=time.time(),
-                                     devices=devices)
-
-    @property
-    def base_url(self) -> str:
-        return self.fake.url
-
-    def __enter__(self):
-        self.fake.__enter__()
-        time.sleep(self.boot_s)
-        self.outcome = self.outcome.model_copy(update={"boot_s": self.boot_s or 0.01})
-        return self
-
-    def __exit__(self, *exc):
-        self.fake.__exit__(*exc)
-        self.outcome = self.outcome.model_copy(update={
-            "exit_code": 0, "stop_requested_at_byte": 12, "shutdown_s": 0.0, "ended_at": time.time(),
-        })
-
-
-class ScriptedLauncher:
-    """Serves repeat N of every cell with modes[N-1] ('ok' or 'empty'), or with by_format's
-    modes for the cells of a load format."""
-
-    def __init__(self, modes: list[str], boot_s: float = 0.0, by_format: dict[str, list[str]] | None = None):
-        self.modes = modes
-        self.by_format = by_format or {}
-        self.boot_s = boot_s
-        self.started: list[tuple[str, int]] = []
-
-    def fingerprint(self, image):
-        return Fingerprint(image=image.name)
-
-    def server(self, cell, repeat, run_dir, devices=None):
-        self.started.append((cell.id, repeat))
-        modes = self.by_format.get(cell.load_format.name, self.modes)
-        return Live(modes[repeat - 1], run_dir, devices, self.boot_s)
+from .support import ScriptedLauncher
 
 
 def config(minimal, **changes):

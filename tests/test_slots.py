@@ -21,9 +21,10 @@ from bench.matrix import expand
 from bench.records import Devices
 from bench.results import ResultsDir
 from bench.runner import run_matrix
-from bench.slots import Cancelled, SlotPool, shared_devices
+from bench.slots import SlotPool, shared_devices
+from bench.stop import Stopped, StopToken
 
-from .test_runner import ScriptedLauncher
+from .support import ScriptedLauncher, wait_until
 
 FAKEPROC = Path(__file__).parent / "fakeproc.py"
 
@@ -69,7 +70,7 @@ def test_another_bench_holding_a_device_is_waited_for_and_its_death_frees_it(tmp
     got: list[Devices] = []
     waiter = threading.Thread(target=lambda: got.append(pool.acquire(1, waiting=messages.append)))
     waiter.start()
-    time.sleep(1.0)
+    wait_until(lambda: bool(messages), 30, "the waiting message")
     assert got == [] and waiter.is_alive()
     assert messages and f"pid {holder.pid}" in messages[0]
     holder.send_signal(signal.SIGKILL)  # a SIGKILLed bench cannot unlock: the kernel does
@@ -81,10 +82,10 @@ def test_another_bench_holding_a_device_is_waited_for_and_its_death_frees_it(tmp
 def test_waiting_ends_when_the_run_is_stopped(tmp_path):
     pool = SlotPool("cpu", ["0"], tmp_path, poll_s=0.05)
     first = pool.acquire(1)
-    stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
-    with pytest.raises(Cancelled):
-        pool.acquire(1, stop.is_set)
+    stop = StopToken()
+    threading.Timer(0.3, stop.stop, args=("test",)).start()
+    with pytest.raises(Stopped):
+        pool.acquire(1, stop)
     pool.release(first)
     assert pool.acquire(1).ids == ("0",)
     with pytest.raises(ValueError):
@@ -131,7 +132,7 @@ def test_docker_containers_get_their_devices_in_the_environment(minimal):
 def test_four_cells_on_two_devices_run_side_by_side_and_never_share_one(tmp_path, minimal):
     cfg = parse_config(matrix(minimal, ["0", "1"]))
     results = ResultsDir.create(tmp_path, "r", cfg)
-    summary = run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"], boot_s=0.6),
+    summary = run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"], together=2),
                          locks=tmp_path / "locks")
     runs = results.runs()
     assert len(runs) == 4 and {c.verdict for c in summary.cells} == {"pass"}
@@ -158,7 +159,7 @@ def test_a_tensor_parallel_cell_takes_several_devices(tmp_path, minimal):
     data["models"][0]["tensor_parallel_size"] = 2
     cfg = parse_config(data)
     results = ResultsDir.create(tmp_path, "r", cfg)
-    run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"], boot_s=0.3), locks=tmp_path / "l")
+    run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"]), locks=tmp_path / "l")
     sizes = {r.cell_id.split("__")[0]: len(r.server.devices.ids) for r in results.runs()}
     assert sizes == {"m1": 2, "m2": 1} and shared_devices(results.runs()) == []
     cell = next(c for c in expand(cfg) if c.model.name == "m1")
@@ -171,9 +172,15 @@ def test_ctrl_c_stops_every_concurrent_server(tmp_path, minimal):
     cfg = parse_config(matrix(minimal, ["0", "1"]))
     results = ResultsDir.create(tmp_path, "r", cfg)
     main = threading.get_ident()
-    threading.Timer(1.0, lambda: signal.pthread_kill(main, signal.SIGINT)).start()
+    launcher = ScriptedLauncher(["hang"])
+
+    def interrupt_once_both_serve():
+        launcher.wait_for_requests(2)  # a request in flight on each of the two servers
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_both_serve, daemon=True).start()
     t0 = time.monotonic()
-    summary = run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["hang"]), locks=tmp_path / "l")
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher, locks=tmp_path / "l")
     assert time.monotonic() - t0 < 10  # not the 30 s each hanging request would take
     assert summary.interrupted
     runs = results.runs()
@@ -218,8 +225,11 @@ def test_a_real_server_process_is_pinned_to_its_cpus(tmp_path):
     server = Server(lambda: ProcessGroup(argv, dict(os.environ), tmp_path, log, tmp_path / "scratch"),
                     argv, port, log, 20, 5, devices=Devices(kind="cpu", ids=("0",)))
     with server:
-        time.sleep(0.5)
-        pids = [int(line.split("pid=")[1]) for line in log.read_text().splitlines() if "pid=" in line]
+        def printed_pids():
+            return [int(line.split("pid=")[1]) for line in log.read_text().splitlines() if "pid=" in line]
+
+        wait_until(lambda: len(printed_pids()) == 2, 30, "the server and its child to print their pids")
+        pids = printed_pids()
         assert len(pids) == 2  # the server and its child
         for pid in pids:
             status = Path(f"/proc/{pid}/status").read_text()
