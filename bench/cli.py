@@ -19,19 +19,19 @@ from bench.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeErr
 from bench.audit import render as render_audit
 from bench.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.checkpoint import render as render_checkpoint
-from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
-from bench.matrix import expand
-from bench.records import RunRecord, TokenDiff
-from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
-from bench.merge import merge
-from bench.slicing import github_matrix, parse_shard, slice_cells
-from bench.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
-from bench.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
-from bench.platforms import host_facts, select
-from bench.redact import redactor_for
-from bench.runner import check_devices, run_matrix
 from bench.compare import AXES, compare, format_comparison
+from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
+from bench.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
+from bench.matrix import expand
+from bench.merge import merge
+from bench.platforms import host_facts, select
 from bench.publish import load_side, regenerate
+from bench.records import RunRecord, TokenDiff
+from bench.redact import redactor_for
+from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
+from bench.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
+from bench.runner import check_devices, run_matrix
+from bench.slicing import github_matrix, parse_shard, slice_cells
 from bench.stats import detection_probability, percent_range, repeats_needed, wilson_interval
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -47,11 +47,12 @@ class RichProgress:
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=err, transient=True,
         )
-        self.task = None
+        self.task = self.bar.add_task("starting", total=None, start=False)
 
     def start(self, total_runs: int) -> None:
         self.bar.start()
-        self.task = self.bar.add_task("starting", total=total_runs)
+        self.bar.update(self.task, total=total_runs)
+        self.bar.start_task(self.task)
 
     def status(self, text: str) -> None:
         self.bar.update(self.task, description=text)
@@ -134,7 +135,7 @@ def _resume(path: str) -> tuple[ResultsDir, frozenset[tuple[str, int]]]:
     results = ResultsDir(Path(path))
     try:
         done = results.prepare_resume()
-        config = results.config()
+        results.config()  # a folder whose matrix no longer loads fails here, before anything runs
     except (ResultsError, OSError, ValueError) as exc:
         raise ConfigError(f"cannot resume {path}: {exc}") from None
     for warning in results.warnings:

@@ -82,8 +82,10 @@ async def _send(client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload
     if prompt.stream:
         common.update(stream=True, stream_options={"include_usage": True})
     chat = prompt.kind == "chat"
+    # Any: the SDK's overloads are chosen by a literal `stream`, which the keyword dict hides.
+    response: Any
     if chat:
-        messages = [m.model_dump() for m in prompt.messages or []]
+        messages: Any = [m.model_dump() for m in prompt.messages or []]
         response = await client.chat.completions.create(messages=messages, **common)
     else:
         response = await client.completions.create(prompt=prompt.prompt or "", **common)
@@ -118,7 +120,8 @@ async def run_workload(
     on_record: Callable[[RequestRecord], None] = lambda r: None,
 ) -> list[RequestRecord]:
     """Sends every prompt once, at most `concurrency` at a time; returns records in prompt order."""
-    timeout = httpx.Timeout(workload.request_timeout_s, connect=CONNECT_TIMEOUT_S)
+    # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
+    timeout = openai.Timeout(workload.request_timeout_s, connect=CONNECT_TIMEOUT_S)
     semaphore = asyncio.Semaphore(workload.concurrency)
 
     async with openai.AsyncOpenAI(
@@ -140,7 +143,7 @@ async def run_workload(
                         prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
                         finish_reason=r.finish_reason,
                     )
-                except Exception as exc:  # noqa: BLE001 - a failed request is data
+                except Exception as exc:
                     kind, status = _classify(exc)
                     fields = dict(status=status, error_kind=kind, error=f"{type(exc).__name__}: {exc}"[:2000])
                 record = RequestRecord(

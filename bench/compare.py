@@ -22,10 +22,10 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.config import ConfigError
 from bench.judge import reference_outputs
-from bench.tokens import EXACT, Comparator
-from bench.verdicts import Verdict
 from bench.records import CellSummary, Fingerprint, RequestRecord, RunRecord
 from bench.stats import rate_text
+from bench.tokens import EXACT, Comparator
+from bench.verdicts import Verdict
 
 AXES = ("model", "load_format", "platform", "image")
 

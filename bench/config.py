@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 # Names end up in cell ids, directory names and process arguments: keep them boring.
 # No "__" inside a name: it joins the parts of a cell id.
@@ -315,7 +316,7 @@ class Config(Strict):
         return self
 
 
-def _format_error(err: dict) -> str:
+def _format_error(err: ErrorDetails) -> str:
     path = ".".join(str(part) for part in err["loc"]) or "(top level)"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":

@@ -13,16 +13,32 @@ from collections.abc import Iterable
 from bench.config import Workload
 from bench.matrix import Cell
 from bench.records import (
-    CellSummary, ErrorKind, PreflightRecord, RequestRecord, RunRecord, RunResult, ServerOutcome, TokenDiff,
+    CellSummary,
+    ErrorKind,
+    PreflightRecord,
+    RequestRecord,
+    RunRecord,
+    RunResult,
+    ServerOutcome,
+    TokenDiff,
 )
 from bench.stats import verdict, wilson_interval
 from bench.tokens import EXACT, Comparator
 from bench.verdicts import (
-    EmptyText, ExitEpisode, Finding, Reason, RepeatedToken, RequestFailed, ServerExit, TokenCount,
-    TokenDivergence, UsageMismatch, Verdict,
+    EmptyText,
+    ExitEpisode,
+    Finding,
+    Reason,
+    RepeatedToken,
+    RequestFailed,
+    ServerExit,
+    TokenCount,
+    TokenDivergence,
+    UsageMismatch,
+    Verdict,
 )
 
-__all__ = ["Reason", "Finding"]  # re-exported: the judge's vocabulary
+__all__ = ["Finding", "Reason"]  # re-exported: the judge's vocabulary
 
 
 _ERROR_REASON = {
@@ -92,7 +108,7 @@ def _episodes(shutdown_log: str) -> list[tuple[int, str]]:
         chained = current is not None and any(_CHAINED.search(p) for p in lines[max(0, i - 3) : i])
         if opens and not chained:
             # The line before a traceback is usually the log message that introduced it.
-            current = lines[i - 1 : i] + [line]
+            current = [*lines[i - 1 : i], line]
             episodes.append((max(i, 1), current))
         elif current is not None:
             current.append(line)
@@ -231,10 +247,10 @@ def judge_cell(
         ref = own_ref[q.prompt_id]
         if ref.repeat == q.repeat or ref.token_ids is None or q.token_ids is None:
             continue
-        pos = comparator.first_difference(q.token_ids, ref.token_ids)
-        if pos is not None:
+        differs_at = comparator.first_difference(q.token_ids, ref.token_ids)
+        if differs_at is not None:
             nondeterminism.append(
-                TokenDiff(prompt_id=q.prompt_id, repeat=q.repeat, position=pos, reference_repeat=ref.repeat)
+                TokenDiff(prompt_id=q.prompt_id, repeat=q.repeat, position=differs_at, reference_repeat=ref.repeat)
             )
 
     return CellSummary(

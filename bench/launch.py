@@ -32,12 +32,12 @@ import httpx
 
 from bench.config import Config, Image, Platform
 from bench.config import Server as ServerConfig
-from bench.matrix import Cell
 from bench.fingerprint import fingerprint
 from bench.launchers import LauncherUnavailable
+from bench.matrix import Cell
 from bench.records import Devices, Fingerprint, ServerOutcome
 from bench.redact import Redactor, redactor_for
-from bench.stop import StopToken, Stopped
+from bench.stop import Stopped, StopToken
 
 __all__ = ["LauncherUnavailable", "Stopped"]
 

@@ -26,21 +26,29 @@ import signal
 import threading
 from pathlib import Path
 
-import docker
 import docker.errors
 import docker.types
 import requests.exceptions
+from docker.models.containers import Container as DockerContainer
+from docker.models.images import Image as DockerImage
 
+import docker
 from bench.config import Config, Image, Platform
 from bench.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
 from bench.launch import (
-    HOST, Server, StartError, device_env, foreign_port_holder, free_port, serve_args, server_env,
+    Server,
+    StartError,
+    device_env,
+    foreign_port_holder,
+    free_port,
+    serve_args,
+    server_env,
 )
 from bench.launchers import LauncherUnavailable
-from bench.stop import StopToken
 from bench.matrix import Cell
 from bench.records import Devices, Fingerprint
 from bench.redact import Redactor, redactor_for
+from bench.stop import StopToken
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -133,7 +141,7 @@ def labels(run_id: str, cell_id: str, repeat: int | None) -> dict[str, str]:
     return out
 
 
-def ensure_image(c: docker.DockerClient, image: Image) -> docker.models.images.Image:
+def ensure_image(c: docker.DockerClient, image: Image) -> DockerImage:
     """Applies the pull policy; raises StartError when the image cannot be had."""
     assert image.ref is not None
     try:
@@ -149,10 +157,10 @@ def ensure_image(c: docker.DockerClient, image: Image) -> docker.models.images.I
         raise StartError(f"image {image.ref}: {exc.explanation or exc}") from None
 
 
-def image_identity(img: docker.models.images.Image) -> tuple[str, str | None]:
+def image_identity(img: DockerImage) -> tuple[str, str | None]:
     """(image id, repo digest): locally built images have an id but no registry digest."""
     digests = img.attrs.get("RepoDigests") or []
-    return img.id, (digests[0] if digests else None)
+    return str(img.id), (digests[0] if digests else None)
 
 
 class Container:
@@ -162,13 +170,15 @@ class Container:
                  redactor: Redactor | None = None):
         self.log_path = log_path
         self.redactor = redactor or Redactor()
-        self.container = None
+        created = None
         try:
-            self.container = c.containers.create(ref, command=command, entrypoint=ENTRYPOINT, detach=True, **create)
-            self.container.start()
+            created = c.containers.create(ref, command=command, entrypoint=ENTRYPOINT, detach=True, **create)
+            created.start()
         except docker.errors.APIError as exc:
-            self.cleanup()
+            if created is not None:
+                _remove(created)
             raise StartError(f"cannot start a container of {ref}: {exc.explanation or exc}") from None
+        self.container: DockerContainer = created
         self._log_thread = threading.Thread(target=self._stream_logs, daemon=True)
         self._log_thread.start()
 
@@ -214,12 +224,13 @@ class Container:
         return self.log_path.stat().st_size if self.log_path.exists() else 0
 
     def identity(self) -> str | None:
-        return self.container.image.id if self.container is not None else None
+        image = self.container.image
+        return image.id if image is not None else None
 
     def owns(self, pid: int) -> bool:
         # A container's processes are host processes in the container's cgroup, named by its id.
         try:
-            return self.container is not None and self.container.id in Path(f"/proc/{pid}/cgroup").read_text()
+            return str(self.container.id) in Path(f"/proc/{pid}/cgroup").read_text()
         except OSError:
             return False
 
@@ -228,15 +239,15 @@ class Container:
         return foreign_port_holder(port, self.owns)
 
     def cleanup(self) -> None:
-        if self.container is None:
-            return
-        try:
-            self.container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        thread = getattr(self, "_log_thread", None)
-        if thread is not None:
-            thread.join(timeout=10)
+        _remove(self.container)
+        self._log_thread.join(timeout=10)
+
+
+def _remove(container: DockerContainer) -> None:
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
 
 
 class DockerBackend:
@@ -283,8 +294,8 @@ class DockerLauncher:
         )
 
         def start() -> Container:
-            img = ensure_image(self.docker, cell.image)
-            return Container(self.docker, img.id, command, create, log_path, self.redactor)
+            image_id, _ = image_identity(ensure_image(self.docker, cell.image))
+            return Container(self.docker, image_id, command, create, log_path, self.redactor)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
                       self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s,
@@ -303,7 +314,7 @@ class DockerLauncher:
                 env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(image.pythonpath)))
             volumes = {p: {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"} for i, p in enumerate(image.pythonpath)}
             container = self.docker.containers.create(
-                img.id, entrypoint=["python3", "-c", PROBE], environment=env, volumes=volumes,
+                image_id, entrypoint=["python3", "-c", PROBE], environment=env, volumes=volumes,
                 network_mode="host", labels=labels(self.run_id, f"fingerprint-{image.name}", None),
             )
             container.start()
@@ -326,5 +337,5 @@ def clean(docker_client: docker.DockerClient, run_id: str | None = None) -> list
     removed = []
     for c in docker_client.containers.list(all=True, filters={"label": label}):
         c.remove(force=True)
-        removed.append(c.name)
+        removed.append(str(c.name))
     return removed

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
+from pydantic import BaseModel
 
 from bench.records import RunRecord
 from bench.results import ResultsDir, ResultsError
+
+T = TypeVar("T", bound=BaseModel)
 
 
 def merge(sources: list[Path], out: Path) -> ResultsDir:
@@ -59,11 +63,15 @@ def merge(sources: list[Path], out: Path) -> ResultsDir:
             if (q.cell_id, q.repeat) in seen and seen[(q.cell_id, q.repeat)] == s.path:
                 merged.add_request(q)
     # Slices on one platform fingerprint the same images: keep each distinct record once.
-    for records, add in (([f for s in slices for f in s.fingerprints()], merged.add_fingerprint),
-                         ([p for s in slices for p in s.preflights()], merged.add_preflight)):
-        kept = set()
-        for record in records:
-            if record.model_dump_json() not in kept:
-                kept.add(record.model_dump_json())
-                add(record)
+    for f in _distinct([f for s in slices for f in s.fingerprints()]):
+        merged.add_fingerprint(f)
+    for p in _distinct([p for s in slices for p in s.preflights()]):
+        merged.add_preflight(p)
     return merged
+
+
+def _distinct(records: list[T]) -> list[T]:
+    seen: dict[str, T] = {}
+    for record in records:
+        seen.setdefault(record.model_dump_json(), record)
+    return list(seen.values())

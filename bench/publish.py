@@ -49,7 +49,9 @@ def log_excerpt(results_path: Path, run: RunRecord) -> LogExcerpt | None:
     if not path.is_relative_to(results_path.resolve()) or not path.is_file():
         return None
     size = path.stat().st_size
-    start = end = at_byte = None
+    start: int | None = None
+    end = size
+    at_byte: int | None = None
     why = ""
     if Reason.EXIT_EXCEPTION in reasons:
         stop = run.server.stop_requested_at_byte or 0

@@ -14,7 +14,13 @@ from bench.judge import apply_cell_checks, judge_cell, reference_outputs
 from bench.junit import junit_xml
 from bench.matrix import Cell
 from bench.records import (
-    CellSummary, Fingerprint, LogExcerpt, PreflightRecord, RequestRecord, RunRecord, Summary,
+    CellSummary,
+    Fingerprint,
+    LogExcerpt,
+    PreflightRecord,
+    RequestRecord,
+    RunRecord,
+    Summary,
 )
 from bench.stats import percent_range
 from bench.verdicts import Verdict

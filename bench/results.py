@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,8 +26,8 @@ import yaml
 from pydantic import BaseModel
 
 from bench.config import Config
-from bench.redact import Redactor, redactor_for
 from bench.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
+from bench.redact import Redactor, redactor_for
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -139,7 +140,7 @@ class ResultsDir:
             self._rewrite(name, self._read(name, model))
         return done
 
-    def _rewrite(self, name: str, records: list[BaseModel]) -> None:
+    def _rewrite(self, name: str, records: Sequence[BaseModel]) -> None:
         if not (self.path / name).exists():
             return
         tmp = self.path / f".{name}.tmp"

@@ -256,7 +256,7 @@ class Workers:
                 diverged = run_divergence(job[0], record, self.results)
                 with self.reporting:
                     self.progress.run_done(record, diverged)
-        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread by wait()
+        except BaseException as exc:
             self.errors.append(exc)
             self.stop.stop(f"a worker failed: {exc}")
         finally:

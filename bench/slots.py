@@ -17,7 +17,8 @@ import fcntl
 import os
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -27,7 +28,7 @@ from bench.stop import Stopped, StopToken
 LOCK_DIR_ENV = "REGBENCH_LOCK_DIR"
 
 
-def lock_dir(env: dict[str, str] | None = None) -> Path:
+def lock_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get(LOCK_DIR_ENV):
         return Path(env[LOCK_DIR_ENV])
@@ -128,7 +129,7 @@ def shared_devices(runs: list[RunRecord]) -> list[tuple[str, str, str]]:
     clashes = []
     for device, items in sorted(spans.items()):
         items.sort()
-        for (_, end, a), (start, _, b) in zip(items, items[1:]):
+        for (_, end, a), (start, _, b) in pairwise(items):
             if start < end:
                 clashes.append((device, a, b))
     return clashes
