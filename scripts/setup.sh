@@ -5,28 +5,51 @@
 #   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
 #   unless --smoke (only what the smoke matrix needs): a Docker engine and the CPU images
 #   (setup-docker.sh), and Debian's chromium for the report test
-# Idempotent and quick when everything is already there.
+# Idempotent and quick when everything is already there. Each long step says what it sets up,
+# how long it usually takes and where its whole output goes (.cache/setup/, .cache/docker/);
+# on a terminal it prints a line every 30 s while it works (CI=true: start and end lines only).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-quiet_pip() { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+source scripts/lib.sh
+LOG_DIR=$ROOT/.cache/setup
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
+bench_venv() {
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install --progress-bar off -e '.[test]'
+}
+step "regbench and its pinned dependencies into .venv" "~5 s (~20 s the first time)" \
+  "$LOG_DIR/bench-venv.log" -- bench_venv
+bash scripts/setup-vllm.sh
+if [ -f .cache/models/tiny-canary/regbench-canary.json ]; then
+  ready "tiny canary checkpoint in .cache/models/tiny-canary"
+else
+  step "tiny canary checkpoint into .cache/models/tiny-canary" "~8 s" "$LOG_DIR/tiny-model.log" \
+    -- .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary
 fi
-.venv/bin/pip install -q -e '.[test]' 2>&1 | quiet_pip
-bash scripts/setup-vllm.sh 2>&1 | quiet_pip
-.venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary 2>&1 \
-  | grep -v -E 'Writing model shards|^\s*$' || true
 [ "${1:-}" = "--smoke" ] && exit 0
 
 # What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py),
 # headless Chromium (tests/test_report_browser.py opens report.html in it), and the GitHub
 # Actions schema validator (tests/test_workflow.py).
 bash scripts/setup-docker.sh
-command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
-if [ ! -x .cache/node/node_modules/.bin/action-validator ]; then
+install_chromium() {
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y chromium
+}
+if command -v chromium >/dev/null; then
+  ready "chromium ($(command -v chromium))"
+else
+  step "Debian's chromium (headless browser for the report test)" "~1 min (about 80 MB of packages)" \
+    "$LOG_DIR/chromium.log" -- install_chromium
+fi
+install_validator() {
   mkdir -p .cache/node
-  npm install --prefix .cache/node --silent --no-audit --no-fund \
-    @action-validator/cli@0.6.0 @action-validator/core@0.6.0 >/dev/null
+  npm install --prefix .cache/node --no-audit --no-fund @action-validator/cli@0.6.0 @action-validator/core@0.6.0
+}
+if [ -x .cache/node/node_modules/.bin/action-validator ]; then
+  ready "action-validator in .cache/node"
+else
+  step "action-validator (GitHub Actions schema check) into .cache/node" "~15 s" "$LOG_DIR/action-validator.log" \
+    -- install_validator
 fi
