@@ -32,7 +32,18 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from rich.console import RenderableType
 from rich.text import Text
 
-from bench.checkpoint import CheckpointReport, Problem, TensorHash, hash_tensors, human_size, inspect_checkpoint
+from bench.checkpoint import (
+    CheckpointReport,
+    Problem,
+    Shard,
+    StreamStop,
+    TensorHash,
+    TensorInfo,
+    hash_tensors,
+    human_size,
+    inspect_checkpoint,
+    observed_stop,
+)
 from bench.config import Image
 from bench.launch import image_env
 
@@ -73,6 +84,9 @@ class ProbeHello(Record):
     torch_version: str
     vllm_version: str | None
     vllm_error: str | None
+    vllm_iterator: str | None = None  # how vLLM's iterator was loaded (compiled from its file, or imported)
+    import_seconds: float | None = None  # torch and the streamer
+    vllm_seconds: float | None = None  # loading vLLM's iterator
 
 
 class ProbeBegin(Record):
@@ -149,7 +163,9 @@ class RunResult(Record):
     duplicated: list[str] = []
     mismatched: list[Mismatch] = []
     file_losses: list[FileLoss] = []
-    lost_from: str | None = None  # nothing was delivered from this file (in this order) onwards
+    # The stream stopped: no shard with tensors after the last one that delivered got through.
+    # Described with the same StreamStop as `inspect`'s prediction.
+    stop: StreamStop | None = None
     error: str | None = None  # the loader raised, timed out, or the probe died during this run
     seconds: float | None = None
 
@@ -157,13 +173,17 @@ class RunResult(Record):
     def ok(self) -> bool:
         return not (self.missing or self.extra or self.duplicated or self.mismatched or self.error)
 
-    def line(self) -> str:
+    def line(self, with_stop: bool = True) -> str:
+        """One line per run; ``with_stop=False`` leaves out the stop's description (``stop.describe()``,
+        the same words as `inspect`'s) for a view that prints it on a line of its own."""
         text = f"order={self.order} loader={self.loader}: {self.delivered}/{self.expected} tensors delivered"
-        if self.lost_from is not None:
-            text += f", lost from {Path(self.lost_from).stem} onwards"
-        elif self.file_losses:
-            text += ", missing in " + ", ".join(
-                f"{Path(f.file).stem} ({f.missing}/{f.tensors})" for f in self.file_losses
+        stopped = set(self.stop.lost_files) if self.stop is not None else set()
+        if self.stop is not None and with_stop:
+            text += f"; {self.stop.describe()}"
+        scattered = [f for f in self.file_losses if f.file not in stopped]
+        if scattered:
+            text += (", also" if stopped else ",") + " missing in " + ", ".join(
+                f"{Path(f.file).stem} ({f.missing}/{f.tensors})" for f in scattered
             )
         if self.extra:
             text += f", {len(self.extra)} unknown"
@@ -190,11 +210,15 @@ class AuditReport(Record):
     streamer_path: str
     torch_version: str
     vllm_version: str | None
+    vllm_iterator: str | None = None  # how the probe loaded vLLM's runai_safetensors_weights_iterator
     skipped: list[Skipped]
     baseline_tensors: int
     baseline_bytes: int
     baseline_seconds: float
     probe_exit_code: int | None  # None: killed on timeout
+    probe_seconds: float | None = None  # the probe process, start to exit
+    probe_import_seconds: float | None = None  # of which importing torch and the streamer
+    probe_vllm_seconds: float | None = None  # and loading vLLM's iterator
     runs: list[RunResult]
     checkpoint_problems: list[Problem]  # from inspect, for context: the verdict is about the runs
     problems: list[str]  # one line per run that lost, duplicated, altered or raised
@@ -244,10 +268,19 @@ def _differences(expected: TensorHash, got: Delivered) -> list[Mismatch]:
     return out
 
 
+def _shards_of(baseline: Sequence[TensorHash]) -> dict[str, Shard]:
+    """Stand-ins for the inspected shards, from the baseline alone (what a test's made-up baseline has)."""
+    by_file: dict[str, list[TensorInfo]] = defaultdict(list)
+    for h in baseline:
+        by_file[h.file].append(TensorInfo(name=h.name, dtype=h.dtype, shape=h.shape, start=0, end=h.nbytes))
+    return {f: Shard(file=f, size=0, tensors=ts) for f, ts in by_file.items()}
+
+
 def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], delivered: Sequence[Delivered],
-            error: str | None, seconds: float | None) -> RunResult:
+            error: str | None, seconds: float | None, shards: Sequence[Shard] | None = None) -> RunResult:
     """Matches deliveries to the baseline as multisets per name: a name in two shards must arrive
-    twice, each with the bytes of one of them."""
+    twice, each with the bytes of one of them. ``shards``: the inspected shards (default: what the
+    baseline says of them), to place a stop exactly where `inspect` does."""
     pending: dict[str, list[TensorHash]] = defaultdict(list)
     for h in baseline:
         pending[h.name].append(h)
@@ -278,17 +311,16 @@ def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], deliver
         missing_per_file[h.file] += 1
     losses = [FileLoss(file=f, missing=missing_per_file[f], tensors=per_file[f])
               for f in run.files if missing_per_file[f]]
-    lost_from = None
-    if losses:
-        # The stream stopped if every file after the last one that delivered anything lost it all.
-        delivering = [i for i, f in enumerate(run.files) if per_file[f] and missing_per_file[f] < per_file[f]]
-        after = run.files[(delivering[-1] + 1 if delivering else 0):]
-        if all(missing_per_file[f] == per_file[f] for f in after) and sum(per_file[f] for f in after):
-            lost_from = after[0]
+    by_file = {s.file: s for s in shards} if shards is not None else _shards_of(baseline)
+    in_order = [by_file.get(f) or Shard(file=f, size=0) for f in run.files]
+    stop = observed_stop(run.order, in_order, missing_per_file) if losses else None
+    if stop is not None and error is not None:
+        # The loader raised (or the probe died): the stream ended there, not at an empty shard.
+        stop = stop.model_copy(update={"stop_at": None})
     return RunResult(
         order=run.order, loader=loader, files=run.files, expected=len(baseline), delivered=len(delivered),
         missing=sorted(h.name for h in missing), extra=sorted(extra), duplicated=sorted(duplicated),
-        mismatched=mismatched, file_losses=losses, lost_from=lost_from, error=error, seconds=seconds,
+        mismatched=mismatched, file_losses=losses, stop=stop, error=error, seconds=seconds,
     )
 
 
@@ -398,6 +430,7 @@ def audit_checkpoint(
                     proc.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     timed_out = timeout_s
+                probe_s = time.monotonic() - started
             finally:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -419,7 +452,8 @@ def audit_checkpoint(
                 error, seconds = f"{reason} while streaming", None
             else:
                 error, seconds = f"not run: {reason} before this run", None
-            results.append(compare(run, loader, baseline, probe.delivered.get(key, []), error, seconds))
+            results.append(compare(run, loader, baseline, probe.delivered.get(key, []), error, seconds,
+                                   report.shards))
     if not results:
         raise ProbeError(f"nothing was audited: vLLM does not import ({probe.hello.vllm_error})")
     skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {probe.hello.vllm_error}")] \
@@ -427,9 +461,12 @@ def audit_checkpoint(
     return AuditReport(
         path=str(path), python=python, pythonpath=list(pythonpath), env=env,
         streamer_version=probe.hello.streamer_version, streamer_path=probe.hello.streamer_path,
-        torch_version=probe.hello.torch_version, vllm_version=probe.hello.vllm_version, skipped=skipped,
+        torch_version=probe.hello.torch_version, vllm_version=probe.hello.vllm_version,
+        vllm_iterator=probe.hello.vllm_iterator, skipped=skipped,
         baseline_tensors=len(baseline), baseline_bytes=sum(h.nbytes for h in baseline),
-        baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code, runs=results,
+        baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code,
+        probe_seconds=round(probe_s, 3), probe_import_seconds=probe.hello.import_seconds,
+        probe_vllm_seconds=probe.hello.vllm_seconds, runs=results,
         checkpoint_problems=report.problems, problems=[r.line() for r in results if not r.ok],
     )
 
@@ -447,6 +484,16 @@ def details(run: RunResult) -> list[str]:
 
 
 
+def _probe_times(report: AuditReport) -> str:
+    parts = []
+    if report.probe_import_seconds is not None:
+        parts.append(f"importing torch and the streamer {report.probe_import_seconds:.2f} s")
+    if report.probe_vllm_seconds is not None:
+        parts.append(f"loading vLLM's iterator {report.probe_vllm_seconds:.2f} s")
+    parts.append(f"{len(report.runs)} run(s) {sum(r.seconds or 0 for r in report.runs):.2f} s")
+    return f"{report.probe_seconds:.2f} s, of which " + ", ".join(parts)
+
+
 def render(report: AuditReport) -> list[RenderableType]:
     """The console view: what streamed, the baseline, one line per run, the names behind failures."""
     overlay = f" (PYTHONPATH {os.pathsep.join(report.pythonpath)})" if report.pythonpath else ""
@@ -458,9 +505,15 @@ def render(report: AuditReport) -> list[RenderableType]:
         Text(f"baseline: {report.baseline_tensors} tensors, {human_size(report.baseline_bytes)} hashed in "
              f"{report.baseline_seconds:.2f} s"),
     ]
+    if report.probe_seconds is not None:
+        out.append(Text(f"probe: {_probe_times(report)}", style="dim"))
+    if report.vllm_iterator:
+        out.append(Text(f"loader=vllm: {report.vllm_iterator}", style="dim"))
     out += [Text(f"loader={s.loader} skipped: {s.reason}", style="yellow") for s in report.skipped]
     for run in report.runs:
-        out.append(Text(("✓ " if run.ok else "✗ ") + run.line(), style="green" if run.ok else "red"))
+        out.append(Text(("✓ " if run.ok else "✗ ") + run.line(with_stop=False), style="green" if run.ok else "red"))
+        if run.stop is not None:
+            out.append(Text(f"    {run.stop.describe()}", style="red"))
         out += [Text(f"    {d}") for d in details(run)]
     if report.checkpoint_problems:
         out.append(Text(f"inspect found {len(report.checkpoint_problems)} problem(s) in the checkpoint "

@@ -11,9 +11,19 @@ runai_safetensors_weights_iterator. Each delivered tensor is hashed at once (run
 0.16 yields views into a buffer it reuses) over its raw bytes viewed as uint8, so FP8 and packed
 FP4 hash like any other dtype.
 
+vLLM's iterator without importing vLLM: importing its module (weight_utils) imports most of vLLM,
+~10 s on 2 cores, against ~1.5 s for torch and the streamer; it was most of an audit's time. So
+the probe reads the installed weight_utils.py and compiles, under that file's name, the iterator
+with the module-level definitions and import statements it uses (enable_tqdm, _BAR_FORMAT;
+torch, tqdm, SafetensorsStreamer, imported for real), in the file's order: the bytecode is the
+same as vLLM's own (a test compares them). The one vLLM name it uses, current_platform, gets a
+stand-in (see _CpuPlatform): the probe passes is_distributed=False, with which the iterator streams
+to "cpu" whatever the platform says. When the installed release's iterator needs anything else
+from vLLM (or is decorated), the probe imports the module instead; the hello line says which.
+
 Output is JSON lines on the original stdout, which nothing else may write to: vLLM and the
 streamer log to stdout, so fd 1 is pointed at stderr before any of them is imported.
-  {"type": "probe", versions...}                 first, once the streamer imported
+  {"type": "probe", versions..., how vLLM's iterator was loaded, import seconds}   first
   {"type": "begin", "order", "loader"}
   {"type": "tensor", "order", "loader", "name", "dtype", "shape", "nbytes", "sha256"}
   {"type": "end", "order", "loader", "error", "seconds"}   error: a loader that raised, a finding
@@ -31,11 +41,17 @@ import sys
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
 
+import ast  # noqa: E402
+import builtins  # noqa: E402
+import dis  # noqa: E402
 import hashlib  # noqa: E402
+import importlib  # noqa: E402
 import importlib.metadata  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+import types  # noqa: E402
 
 _out = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
@@ -75,20 +91,149 @@ def stream_with_streamer(files: list[str]):
         yield from streamer.get_tensors()
 
 
-def stream_with_vllm(files: list[str]):
-    from vllm.model_executor.model_loader.weight_utils import runai_safetensors_weights_iterator
-
-    yield from runai_safetensors_weights_iterator(files, False)
+VLLM_MODULE = "vllm.model_executor.model_loader.weight_utils"
+VLLM_ITERATOR = "runai_safetensors_weights_iterator"
 
 
-LOADERS = {"streamer": stream_with_streamer, "vllm": stream_with_vllm}
+class _CpuPlatform:
+    """Stands in for vllm.platforms.current_platform (importing it imports most of vLLM). The
+    iterator asks is_cuda_alike() and uses it only together with is_distributed, which the probe
+    passes as False: the device is "cpu" either way."""
+
+    def is_cuda_alike(self) -> bool:
+        return False
+
+    def current_device(self):
+        raise RuntimeError("the audit probe streams with is_distributed=False: no device to ask for")
+
+
+# What the extracted code may import from vLLM: (module, name) -> the object it gets instead.
+STAND_INS = {("vllm.platforms", "current_platform"): _CpuPlatform()}
+
+
+class NotExtractable(Exception):
+    """The installed iterator needs more than the probe can give it without importing vLLM."""
+
+
+def _global_names(code) -> set[str]:
+    names = set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL"):
+            names.add(ins.argval)
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            names |= _global_names(const)
+    return names
+
+
+def _top_level(tree: ast.Module) -> tuple[dict[str, ast.stmt], dict[str, ast.Import | ast.ImportFrom]]:
+    """Module-level definitions, and import statements cut to one name each, by the name they
+    bind. Imports in a try: are taken from its body (the module's first choice), not its handlers."""
+    defined: dict[str, ast.stmt] = {}
+    imported: dict[str, ast.Import | ast.ImportFrom] = {}
+    for node in tree.body:
+        for stmt in (node.body if isinstance(node, ast.Try) else [node]):
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined[stmt.name] = stmt
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        defined[t.id] = stmt
+            elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                for alias in stmt.names:
+                    one: ast.Import | ast.ImportFrom = (
+                        ast.Import(names=[alias]) if isinstance(stmt, ast.Import)
+                        else ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level))
+                    imported[(alias.asname or alias.name).split(".")[0]] = ast.copy_location(one, stmt)
+    return defined, imported
+
+
+def _import_without_vllm(name, globals=None, locals=None, fromlist=(), level=0):
+    """__import__ for the extracted code: everything as usual, but vLLM's modules, of which only
+    the stand-ins exist."""
+    if level == 0 and name.split(".")[0] == "vllm":
+        if fromlist and all((name, n) in STAND_INS for n in fromlist):
+            return types.SimpleNamespace(**{n: STAND_INS[(name, n)] for n in fromlist})
+        raise ImportError(f"{name}: vLLM is not imported by the audit probe")
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def extract_vllm_iterator(path: str):
+    """vLLM's runai_safetensors_weights_iterator compiled from its own source file, with the
+    module-level definitions and import statements it needs, in the file's order, without
+    importing vLLM: its imports of vLLM get the stand-ins. Keeping the import statements makes
+    the compiled bytecode the same as vLLM's own (CPython compiles a call on an imported name
+    differently). Raises NotExtractable. (dont_inherit: this file's `from __future__` must not
+    change how vLLM's code is compiled.)"""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    defined, imported = _top_level(tree)
+    if not isinstance(defined.get(VLLM_ITERATOR), ast.FunctionDef):
+        raise NotExtractable(f"no function {VLLM_ITERATOR} at the top level of {path}")
+    nodes: list[ast.stmt] = []
+    pending, seen = [VLLM_ITERATOR], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node: ast.stmt
+        if name in defined:
+            node = defined[name]
+            if getattr(node, "decorator_list", None):
+                raise NotExtractable(f"{name} is decorated")
+            code = compile(ast.Module(body=[node], type_ignores=[]), path, "exec", dont_inherit=True)
+            pending += sorted(_global_names(code))
+        elif name in imported:
+            node = one = imported[name]
+            module = (one.module if isinstance(one, ast.ImportFrom) else one.names[0].name) or ""
+            if getattr(one, "level", 0) or (
+                    module.split(".")[0] == "vllm" and (module, one.names[0].name) not in STAND_INS):
+                raise NotExtractable(f"{VLLM_ITERATOR} needs {name} from {module}")
+        elif hasattr(builtins, name):
+            continue
+        else:
+            raise NotExtractable(f"{VLLM_ITERATOR} needs {name}, which {path} does not define")
+        if node not in nodes:
+            nodes.append(node)
+    nodes.sort(key=lambda n: n.lineno)  # the file's own order: an assignment may use a def above it
+    namespace = {"__name__": VLLM_MODULE, "__file__": path,
+                 "__builtins__": dict(vars(builtins), __import__=_import_without_vllm)}
+    try:
+        exec(compile(ast.Module(body=nodes, type_ignores=[]), path, "exec", dont_inherit=True), namespace)
+    except Exception as exc:  # an import the module would have made fails here too
+        raise NotExtractable(describe(exc)) from None
+    return namespace[VLLM_ITERATOR]
+
+
+def load_vllm_iterator():
+    """(iterator, how it was loaded). Raises what importing vLLM raises when it must be imported."""
+    spec = importlib.util.find_spec("vllm")  # a top-level name: finds it without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'vllm'")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), *VLLM_MODULE.split(".")[1:]) + ".py"
+    try:
+        return extract_vllm_iterator(path), f"{VLLM_ITERATOR} compiled from {path} (vLLM not imported)"
+    except (OSError, SyntaxError, NotExtractable) as exc:
+        reason = describe(exc)
+    module = importlib.import_module(VLLM_MODULE)
+    return getattr(module, VLLM_ITERATOR), f"{VLLM_MODULE} imported ({reason})"
+
+
+def stream_with_vllm(iterator):
+    def stream(files: list[str]):
+        yield from iterator(files, False)
+
+    return stream
 
 
 def main(argv: list[str]) -> int:
     with open(argv[1], encoding="utf-8") as f:
         plan = json.load(f)
+    started = time.monotonic()
     try:
-        import torch
+        import torch  # first: a Python without torch is named as such  # isort: skip
         import runai_model_streamer
 
         streamer_version = importlib.metadata.version("runai-model-streamer")
@@ -96,32 +241,35 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         emit(type="fatal", error=describe(exc))
         return 3
-    loaders = list(plan["loaders"])
-    vllm_version = vllm_error = None
-    if "vllm" in loaders:
+    import_seconds = round(time.monotonic() - started, 3)
+    loaders = {name: stream_with_streamer for name in plan["loaders"] if name == "streamer"}
+    vllm_version = vllm_error = vllm_iterator = vllm_seconds = None
+    if "vllm" in plan["loaders"]:
+        started = time.monotonic()
         try:
-            import vllm.model_executor.model_loader.weight_utils  # noqa: F401
-
+            iterator, vllm_iterator = load_vllm_iterator()
             vllm_version = importlib.metadata.version("vllm")
+            loaders["vllm"] = stream_with_vllm(iterator)
         except Exception as exc:
             traceback.print_exc()
             vllm_error = describe(exc)
-            loaders.remove("vllm")
+        vllm_seconds = round(time.monotonic() - started, 3)
     emit(
         type="probe", python=sys.executable, streamer_version=streamer_version,
         streamer_path=os.path.dirname(runai_model_streamer.__file__), torch_version=torch.__version__,
-        vllm_version=vllm_version, vllm_error=vllm_error,
+        vllm_version=vllm_version, vllm_error=vllm_error, vllm_iterator=vllm_iterator,
+        import_seconds=import_seconds, vllm_seconds=vllm_seconds,
     )
     for run in plan["runs"]:
-        for loader in loaders:
+        for loader in (name for name in plan["loaders"] if name in loaders):
             emit(type="begin", order=run["order"], loader=loader)
             started = time.monotonic()
             error = None
             try:
-                for name, tensor in LOADERS[loader](list(run["files"])):
+                for name, tensor in loaders[loader](list(run["files"])):
                     emit(**tensor_line(torch, run["order"], loader, name, tensor))
             except Exception as exc:
-                # A loader that raises is what the audit is looking for: report it and go on.
+                # A loader that raised is what the audit is looking for: report it and go on.
                 traceback.print_exc()
                 error = describe(exc)
             emit(type="end", order=run["order"], loader=loader, error=error,
@@ -131,4 +279,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    code = main(sys.argv)
+    # Everything is written: skip the interpreter's teardown, ~0.5 s of unloading torch on 2 cores.
+    _out.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

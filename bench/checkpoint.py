@@ -24,7 +24,7 @@ import math
 import os
 import struct
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -137,18 +137,49 @@ class Problem(Record):
 
 
 class StreamStop(Record):
-    """Where runai-model-streamer 0.14.0-0.16.0 ends the stream (#157) for one order of the files."""
+    """Where a stream of the files stops early, for one order of them: predicted from the headers
+    by ``stream_stop`` (runai-model-streamer 0.14.0-0.16.0, #157), or seen by the audit
+    (``observed_stop``). ``describe`` is the one wording both `inspect` and `audit` print."""
 
-    order: Literal["sorted", "listing"]
-    files: list[str]
-    stop_at: int | None  # index into files of the empty shard that ends the stream
-    lost_files: list[str]  # shards from stop_at on that hold tensors
+    order: str  # "sorted", "listing"; the audit's orders also "reversed", "shuffleN"
+    files: list[str]  # every shard, in the order streamed
+    stop_at: int | None  # index into files of the empty shard that ends the stream (#157)
+    lost_files: list[str]  # the shards with tensors that the stream never reaches, in order
     lost_tensors: int
     tensors: int
 
     @property
     def risk(self) -> bool:
         return self.lost_tensors > 0
+
+    @property
+    def ended_by(self) -> list[str]:
+        """The empty shard(s) that end the stream: the first file when it is empty, else the two
+        empty shards in a row whose second begins a request that holds nothing."""
+        if self.stop_at is None:
+            return []
+        return self.files[max(self.stop_at - 1, 0):self.stop_at + 1]
+
+    def describe(self) -> str:
+        """Where the stream stops and which shards' tensors never arrive; "" when nothing is lost.
+        Shards are named by stem: every one of them ends in .safetensors."""
+        if not self.risk:
+            return ""
+        first = _stem(self.lost_files[0])
+        if self.stop_at == 0:
+            where = f"stream stops at empty shard {_stem(self.files[0])} (first)"
+        elif self.stop_at is not None:
+            before, at = map(_stem, self.ended_by)
+            where = f"stream stops at empty shards {before}, {at} (two in a row)"
+        else:
+            where = f"stream stops before {first}"
+        n = len(self.lost_files)
+        shards = f"shard {first}" if n == 1 else f"{n} shards from {first} on"
+        return f"{where}; lost {self.lost_tensors}/{self.tensors} tensors: {shards}"
+
+
+def _stem(file: str) -> str:
+    return file.removesuffix(".safetensors")
 
 
 class CheckpointReport(Record):
@@ -272,26 +303,49 @@ def listing_order(path: Path) -> list[str]:
 # --- the #157 trigger ----------------------------------------------------------------------------
 
 
-def stream_stop(order: Literal["sorted", "listing"], shards: Sequence[Shard]) -> StreamStop:
+def _stop_index(shards: Sequence[Shard]) -> int | None:
+    request_begins = True
+    for i, shard in enumerate(shards):
+        streams_nothing = shard.data_bytes == 0 and shard.error is None
+        if streams_nothing and request_begins:
+            return i
+        request_begins = streams_nothing
+    return None
+
+
+def stream_stop(order: str, shards: Sequence[Shard]) -> StreamStop:
     """Replays FilesRequestsIterator.next_request of runai-model-streamer 0.14.0-0.16.0 on the
     shards in the given order. A file that streams no bytes ends the request it is in and is
     consumed; a request that *begins* at such a file is returned as None, which the streamer takes
     for the end of the stream. Requests begin at the first file, after every empty file, and within
     a file when the memory limit splits it, so the trigger is an empty first file or two in a row
     whatever the limit is. Everything from the trigger on is lost, silently."""
-    stop_at = None
-    request_begins = True
-    for i, shard in enumerate(shards):
-        streams_nothing = shard.data_bytes == 0 and shard.error is None
-        if streams_nothing and request_begins:
-            stop_at = i
-            break
-        request_begins = streams_nothing
+    stop_at = _stop_index(shards)
     lost = [] if stop_at is None else [s for s in shards[stop_at:] if s.tensors]
     return StreamStop(
         order=order, files=[s.file for s in shards], stop_at=stop_at,
         lost_files=[s.file for s in lost], lost_tensors=sum(len(s.tensors) for s in lost),
         tensors=sum(len(s.tensors) for s in shards),
+    )
+
+
+def observed_stop(order: str, shards: Sequence[Shard], missing: Mapping[str, int]) -> StreamStop | None:
+    """The stop a stream shows: ``shards`` in the order streamed, ``missing`` the tensors that did
+    not arrive per file. A stop is a tail: every shard with tensors after the last one that
+    delivered anything delivered nothing. Its place is the one ``stream_stop`` predicts when the
+    loss is exactly the predicted one (so `inspect` and `audit` name the same empty shards), else
+    just "before the first shard lost". None: nothing lost, or not as a tail."""
+    delivering = [i for i, s in enumerate(shards) if s.tensors and missing.get(s.file, 0) < len(s.tensors)]
+    tail = shards[(delivering[-1] + 1 if delivering else 0):]
+    lost = [s for s in tail if s.tensors]
+    if not lost or any(missing.get(s.file, 0) != len(s.tensors) for s in lost):
+        return None
+    predicted = stream_stop(order, shards)
+    if predicted.lost_files == [s.file for s in lost]:
+        return predicted
+    return StreamStop(
+        order=order, files=[s.file for s in shards], stop_at=None, lost_files=[s.file for s in lost],
+        lost_tensors=sum(len(s.tensors) for s in lost), tensors=sum(len(s.tensors) for s in shards),
     )
 
 
@@ -429,15 +483,10 @@ def _index_problems(shards: Sequence[Shard], index: IndexInfo | None, weight_map
 
 
 def _stop_problem(stop: StreamStop) -> Problem:
-    trigger = stop.files[stop.stop_at]
     return Problem(
         kind="stream_stop_risk", files=stop.lost_files,
-        message=(
-            f"{stop.order} order: empty shard {trigger} at position {stop.stop_at + 1} "
-            f"{'comes first' if stop.stop_at == 0 else 'follows another empty shard'}; "
-            f"runai-model-streamer 0.14.0-0.16.0 (#157, fixed in 0.16.1) would silently lose "
-            f"{stop.lost_tensors}/{stop.tensors} tensors, from {trigger} onwards"
-        ),
+        message=(f"{stop.order} order: {stop.describe()} (runai-model-streamer #157: silent in "
+                 f"0.14.0-0.16.0, fixed in 0.16.1)"),
     )
 
 
@@ -618,8 +667,7 @@ def render(report: CheckpointReport) -> list[RenderableType]:
     lines.append(Text("runai-model-streamer 0.14.0-0.16.0 stream stop (#157):"))
     for stop in report.stream_stops:
         if stop.risk:
-            lines.append(Text(f"  {stop.order:8} {stop.lost_tensors}/{stop.tensors} tensors lost, from "
-                              f"{stop.files[stop.stop_at]} onwards", style="red"))
+            lines.append(Text(f"  {stop.order:8} {stop.describe()}", style="red"))
         else:
             lines.append(Text(f"  {stop.order:8} safe: no empty shard begins a request", style="green"))
     lines += [Text(f"note: {n}", style="dim") for n in report.notes]

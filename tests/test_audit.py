@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.audit import (
-    AuditError, AuditReport, Delivered, FileOrder, ProbeError, _parse, audit_checkpoint, compare,
+    PROBE, AuditError, AuditReport, Delivered, FileOrder, ProbeError, _parse, audit_checkpoint, compare,
     default_python, file_orders,
 )
 from bench.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
@@ -55,20 +55,22 @@ def test_everything_delivered_in_any_order_is_ok():
     assert run.line() == "order=o loader=streamer: 5/5 tensors delivered"
 
 
-def test_a_stream_that_stops_is_lost_from_the_file_after_the_last_delivering_one():
+def test_a_stream_that_stops_is_a_tail_of_lost_shards():
     base = baseline_of(LAYOUT)
     run = compare(ORDER, "streamer", base, [delivered(h) for h in base[:2]], None, 0.1)
     assert run.missing == ["b0", "c0", "c1"]
-    assert run.lost_from == "e.safetensors"
     assert [(f.file, f.missing, f.tensors) for f in run.file_losses] == [("b.safetensors", 1, 1), ("c.safetensors", 2, 2)]
-    assert run.line() == "order=o loader=streamer: 2/5 tensors delivered, lost from e onwards"
+    # One empty shard between data shards does not stop #157's stream: the stop is not placed at it.
+    assert (run.stop.stop_at, run.stop.lost_files) == (None, ["b.safetensors", "c.safetensors"])
+    assert run.line() == ("order=o loader=streamer: 2/5 tensors delivered; "
+                          "stream stops before b; lost 3/5 tensors: 2 shards from b on")
     assert not run.ok
 
 
 def test_scattered_losses_are_listed_per_file():
     base = baseline_of(LAYOUT)
     run = compare(ORDER, "streamer", base, [delivered(h) for h in base if h.name not in ("a1", "c0")], None, 0.1)
-    assert run.lost_from is None
+    assert run.stop is None
     assert run.line() == "order=o loader=streamer: 3/5 tensors delivered, missing in a (1/2), c (1/2)"
 
 
@@ -98,7 +100,45 @@ def test_a_loader_that_raised_is_a_finding_with_its_message():
     base = baseline_of(LAYOUT)
     run = compare(ORDER, "streamer", base, [], "ValueError: max() arg is an empty sequence", 0.1)
     assert not run.ok
-    assert run.line().endswith("0/5 tensors delivered, lost from a onwards; ValueError: max() arg is an empty sequence")
+    # The stream ended where the loader raised, not at an empty shard.
+    assert run.stop.stop_at is None
+    assert run.line().endswith("0/5 tensors delivered; stream stops before a; lost 5/5 tensors: 3 shards from a on; "
+                               "ValueError: max() arg is an empty sequence")
+
+
+# --- one description of a stop, in inspect and in audit ----------------------------------------
+
+# data, empty, empty, data, data in name order: #157 stops at the second empty shard.
+DEED = [5, 0, 0, 4, 3]
+DEED_SORTED = ("stream stops at empty shards model-00002-of-00005, model-00003-of-00005 (two in a row); "
+               "lost 7/12 tensors: 2 shards from model-00004-of-00005 on")
+
+
+def as_157_would_deliver(baseline: list[TensorHash], lost_files: list[str]) -> list[Delivered]:
+    return [delivered(h) for h in baseline if h.file not in lost_files]
+
+
+def test_inspect_and_audit_describe_a_stop_in_the_same_words(tmp_path, capsys):
+    write_checkpoint(tmp_path, DEED)
+    report = inspect_checkpoint(tmp_path)
+    baseline = hash_tensors(tmp_path, report.shards)
+    predicted = {s.order: s for s in report.stream_stops}
+    assert predicted["sorted"].describe() == DEED_SORTED
+    assert main(["inspect", str(tmp_path)]) == 1
+    inspected = capsys.readouterr().out
+    for run in file_orders(report, ALL_ORDERS, shuffles=6, seed=3):
+        stop = stream_stop(run.order, [next(s for s in report.shards if s.file == f) for f in run.files])
+        audited = compare(run, "streamer", baseline, as_157_would_deliver(baseline, stop.lost_files), None, 0.1,
+                          report.shards)
+        assert audited.stop == (stop if stop.risk else None), run.files
+        assert audited.ok == (not stop.risk)
+        if stop.risk:
+            assert audited.line().startswith(f"order={run.order} loader=streamer: {12 - stop.lost_tensors}/12 "
+                                             f"tensors delivered; {stop.describe()}")
+        if run.order in predicted:
+            assert predicted[run.order] == stop
+            assert (f"{run.order:8} {stop.describe()}" if stop.risk else f"{run.order:8} safe") in inspected
+    assert DEED_SORTED in inspected
 
 
 # --- orders and the probe protocol ---------------------------------------------------------------
@@ -179,7 +219,9 @@ def test_canary_with_0_16_0_in_sorted_order_loses_every_tensor(capsys):
     assert report.streamer_path.startswith(str(STREAMERS / "0.16.0"))
     [run] = report.runs
     assert (run.expected, run.delivered, run.error) == (21, 0, None)
-    assert run.line() == "order=sorted loader=streamer: 0/21 tensors delivered, lost from model-00001-of-00010 onwards"
+    assert run.line() == ("order=sorted loader=streamer: 0/21 tensors delivered; stream stops at empty shard "
+                          "model-00001-of-00010 (first); lost 21/21 tensors: 6 shards from model-00002-of-00010 on")
+    assert run.stop == inspect_checkpoint(CANARY).stream_stops[0]
     assert report.lost == 21 and report.problems == [run.line()]
 
 
@@ -194,15 +236,35 @@ def test_0_16_0_loses_exactly_what_the_inspector_predicts_for_every_order(tmp_pa
     runs = {r.order: r for r in report.runs}
     assert sorted(runs["sorted"].missing) == sorted(t.name for f in (shard_name(5, 6), shard_name(6, 6)) for t in layout[f])
     assert len(runs["sorted"].missing) == 4 + 1
-    # Nothing arrived after the last file that delivered: the first empty shard starts the loss.
-    assert runs["sorted"].lost_from == shard_name(3, 6)
+    # The stream stops at the second of the two empty shards in a row, as inspect says.
+    assert runs["sorted"].stop.ended_by == [shard_name(3, 6), shard_name(4, 6)]
+    assert runs["sorted"].stop.lost_files == [shard_name(5, 6), shard_name(6, 6)]
     assert sorted(runs["reversed"].missing) == sorted(t.name for f in (shard_name(1, 6), shard_name(2, 6)) for t in layout[f])
     inspected = inspect_checkpoint(tmp_path)
     by_file = {s.file: s for s in inspected.shards}
     for run in report.runs:
-        predicted = stream_stop("sorted", [by_file[f] for f in run.files])
+        predicted = stream_stop(run.order, [by_file[f] for f in run.files])
         assert len(run.missing) == predicted.lost_tensors, run.line()
+        assert run.stop == (predicted if predicted.risk else None), run.line()
         assert not run.extra and not run.duplicated and not run.mismatched and run.error is None
+
+
+@pytest.mark.slow
+def test_0_16_0_stop_is_described_alike_by_both_commands(tmp_path, capsys):
+    write_checkpoint(tmp_path, DEED)
+    assert main(["inspect", str(tmp_path)]) == 1
+    inspected = capsys.readouterr().out
+    assert main(["audit", str(tmp_path), "--pythonpath", *overlay("0.16.0"), "--loaders", "streamer",
+                 "--orders", "sorted,listing"]) == 1
+    audited = capsys.readouterr().out
+    assert "✗ order=sorted loader=streamer: 5/12 tensors delivered\n" in audited
+    assert f"\n    {DEED_SORTED}\n" in audited and f"sorted   {DEED_SORTED}\n" in inspected
+    # The listing order is whatever this filesystem gives: the two commands agree on it too.
+    listing = inspect_checkpoint(tmp_path).stream_stops[1]
+    if listing.risk:
+        assert f"\n    {listing.describe()}\n" in audited and f"listing  {listing.describe()}\n" in inspected
+    else:
+        assert "✓ order=listing loader=streamer: 12/12 tensors delivered" in audited
 
 
 @pytest.mark.slow
@@ -231,7 +293,9 @@ def test_fixed_versions_lose_nothing_in_any_order(tmp_path, version):
 def test_cli_audit_exit_codes_and_json(capsys):
     assert main(["audit", str(CANARY), "--pythonpath", *overlay("0.16.0"), "--loaders", "streamer", "--orders", "sorted,listing"]) == 1
     text = capsys.readouterr().out
-    assert "order=listing loader=streamer: 0/21 tensors delivered, lost from model-00001-of-00010 onwards" in text
+    assert "✗ order=listing loader=streamer: 0/21 tensors delivered\n" in text
+    listing = inspect_checkpoint(CANARY).stream_stops[1]
+    assert f"\n    {listing.describe()}\n" in text
     assert main(["audit", str(CANARY), "--pythonpath", *overlay("0.17.0"), "--loaders", "streamer", "--json",
                  "--env", "RUNAI_STREAMER_CONCURRENCY=2", "RUNAI_STREAMER_CHUNK_BYTESIZE=65536"]) == 0
     report = AuditReport.model_validate_json(capsys.readouterr().out)
@@ -242,10 +306,155 @@ def test_cli_audit_exit_codes_and_json(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("version, delivered", [("0.16.0", 0), ("0.17.0", 21)])
 def test_vllm_iterator_sees_what_the_streamer_sees(version, delivered):
-    # vLLM takes ~15 s to import: one probe, both loaders, one order.
+    # vLLM's own iterator, compiled from its file: vLLM itself is not imported (that takes ~10 s).
     report = audit_checkpoint(CANARY, default_python(), overlay(version), {}, orders=["listing"])
     assert report.vllm_version is not None and not report.skipped
+    assert report.vllm_iterator.startswith("runai_safetensors_weights_iterator compiled from ")
+    assert report.vllm_iterator.endswith("weight_utils.py (vLLM not imported)")
     assert [(r.loader, r.delivered) for r in report.runs] == [("streamer", delivered), ("vllm", delivered)]
+
+
+# --- vLLM's iterator without importing vLLM -------------------------------------------------------
+
+PROBE_DRIVER = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("audit_probe", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)  # from here on, only probe.emit writes to stdout
+sys.path.insert(0, sys.argv[2])
+try:
+    iterator, how = probe.load_vllm_iterator()
+except Exception as exc:
+    probe.emit(error=probe.describe(exc))
+    sys.exit()
+result = dict(how=how, names=sorted(k for k in iterator.__globals__ if not k.startswith("__")),
+              vllm_imported="vllm" in sys.modules)
+try:
+    result["out"] = [list(t) for t in iterator(["/x/a.safetensors", "/x/b.safetensors"], False)]
+except Exception as exc:
+    result["out"] = probe.describe(exc)
+probe.emit(**result)
+"""
+
+FAKE_WEIGHT_UTILS = """
+import os
+from collections.abc import Generator
+
+from vllm.config import ModelConfig
+from vllm.platforms import current_platform
+
+try:
+    from json import dumps as SafetensorsStreamer
+except ImportError:
+    SafetensorsStreamer = None
+
+_FORMAT = "{name}@{device}"
+
+
+def where(name, device):
+    return _FORMAT.format(name=name, device=device)
+
+
+def other():
+    return ModelConfig
+
+
+def keep(f):
+    return f
+
+
+{decorator}def runai_safetensors_weights_iterator(files: list[str], use_tqdm: bool) -> Generator[tuple[str, str], None, None]:
+    device = "cuda" if current_platform.is_cuda_alike() else "cpu"
+    for f in files:
+        yield {uses}os.path.basename(f), where(SafetensorsStreamer(f), device)
+"""
+
+
+def fake_vllm(root: Path, decorator: str = "", uses: str = "") -> Path:
+    """A package named vllm whose weight_utils defines the iterator; importing any of it is recorded."""
+    package = root / "vllm"
+    (package / "model_executor" / "model_loader").mkdir(parents=True)
+    for init in (package, package / "model_executor", package / "model_executor" / "model_loader"):
+        (init / "__init__.py").write_text("")
+    (package / "config.py").write_text("ModelConfig = 'the config'\n")
+    (package / "platforms.py").write_text(
+        "class P:\n    def is_cuda_alike(self):\n        return True\ncurrent_platform = P()\n")
+    (package / "model_executor" / "model_loader" / "weight_utils.py").write_text(
+        FAKE_WEIGHT_UTILS.replace("{decorator}", decorator).replace("{uses}", uses))
+    return root
+
+
+def run_probe_loader(root: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", PROBE_DRIVER, str(PROBE), str(root)], capture_output=True,
+                          text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_the_iterator_is_compiled_from_the_installed_file_with_what_it_uses(tmp_path):
+    result = run_probe_loader(fake_vllm(tmp_path))
+    assert result["how"].startswith("runai_safetensors_weights_iterator compiled from ")
+    assert result["how"].endswith("vllm/model_executor/model_loader/weight_utils.py (vLLM not imported)")
+    assert not result["vllm_imported"]
+    # Its own module-level helpers and imports, nothing else (not `other`, not ModelConfig).
+    assert result["names"] == ["Generator", "SafetensorsStreamer", "_FORMAT", "current_platform", "os",
+                               "runai_safetensors_weights_iterator", "where"]
+    # The real import in the try: body (json.dumps), and the stand-in platform (not CUDA).
+    assert result["out"] == [["a.safetensors", '"/x/a.safetensors"@cpu'], ["b.safetensors", '"/x/b.safetensors"@cpu']]
+
+
+@pytest.mark.parametrize("decorator, uses, reason, out", [
+    ("@keep\n", "", "runai_safetensors_weights_iterator is decorated", None),
+    ("", "ModelConfig and ", "needs ModelConfig from vllm.config", None),
+    # Importing the module does not make the name exist: streaming then raises, a finding of the run.
+    ("", "undefined_name and ", "needs undefined_name, which", "NameError: name 'undefined_name' is not defined"),
+])
+def test_an_iterator_that_needs_more_of_vllm_is_imported_instead(tmp_path, decorator, uses, reason, out):
+    result = run_probe_loader(fake_vllm(tmp_path, decorator, uses))
+    assert result["vllm_imported"]
+    assert result["how"].startswith("vllm.model_executor.model_loader.weight_utils imported (NotExtractable: ")
+    assert reason in result["how"]
+    # The imported module's own platform, not the stand-in: this fake one says CUDA.
+    assert result["out"] == out or [row[1].endswith("@cuda") for row in result["out"]] == [True, True]
+
+
+def test_no_vllm_at_all_is_reported_as_such(tmp_path):
+    assert run_probe_loader(tmp_path) == {"error": "ModuleNotFoundError: No module named 'vllm'"}
+
+
+@pytest.mark.slow
+def test_the_compiled_iterator_is_vllms_own_code():
+    # In the real vLLM venv: the extracted iterator has the same bytecode as the imported one, and
+    # every name it uses is bound to the same object, but current_platform (the stand-in).
+    script = """
+import importlib.util, sys, types
+spec = importlib.util.spec_from_file_location("audit_probe", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+extracted, how = probe.load_vllm_iterator()
+import vllm.model_executor.model_loader.weight_utils as real
+def same(a, b):
+    consts = lambda c: [k for k in c.co_consts if not isinstance(k, types.CodeType)]
+    codes = lambda c: [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return (a.co_code == b.co_code and a.co_names == b.co_names and consts(a) == consts(b)
+            and all(same(x, y) for x, y in zip(codes(a), codes(b))) and len(codes(a)) == len(codes(b)))
+names = sorted(k for k in extracted.__globals__ if not k.startswith("__"))
+probe.emit(how=how, names=names,
+           same_code=same(extracted.__code__, real.runai_safetensors_weights_iterator.__code__),
+           same_objects={n: extracted.__globals__[n] is real.__dict__[n]
+                         or (isinstance(real.__dict__[n], (str, int, float, tuple))
+                             and extracted.__globals__[n] == real.__dict__[n]) for n in names},
+           functions_same_code={n: same(extracted.__globals__[n].__code__, real.__dict__[n].__code__)
+                                for n in names if isinstance(extracted.__globals__[n], types.FunctionType)})
+"""
+    done = subprocess.run([default_python(), "-c", script, str(PROBE)], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    assert "(vLLM not imported)" in result["how"] and result["same_code"]
+    assert all(result["functions_same_code"].values()) and "enable_tqdm" in result["functions_same_code"]
+    differ = {n for n, same in result["same_objects"].items() if not same}
+    # The module's own functions are compiled anew (same code, new objects), its constants are
+    # equal, and of what it imports, only the platform is stood in for.
+    assert differ == {"current_platform", *result["functions_same_code"]}
+    assert {"torch", "tqdm", "SafetensorsStreamer", "_BAR_FORMAT"} <= set(result["names"])
 
 
 def test_baseline_hashes_equal_what_safetensors_reads(tmp_path):

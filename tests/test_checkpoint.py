@@ -86,7 +86,8 @@ def test_canary_cli_json_round_trips_and_exits_1(capsys):
 def test_canary_cli_table_names_the_risk(capsys):
     assert main(["inspect", str(CANARY)]) == 1
     text = capsys.readouterr().out
-    assert "21/21 tensors lost, from model-00001-of-00010.safetensors onwards" in text
+    assert ("sorted   stream stops at empty shard model-00001-of-00010 (first); "
+            "lost 21/21 tensors: 6 shards from model-00002-of-00010 on\n") in text
     assert "stream_stop_risk" in text
 
 
@@ -234,6 +235,40 @@ def test_stream_stop_follows_the_listing_order_not_the_names(tmp_path):
     assert stop.files == listed == report.listing_order
     expected = stream_stop("listing", [next(s for s in report.shards if s.file == f) for f in listed])
     assert stop == expected
+
+
+def test_a_stop_says_which_empty_shards_end_the_stream_and_which_shards_are_lost():
+    first = stream_stop("sorted", shards([0, 2, 0, 3]))
+    assert first.ended_by == ["s0.safetensors"]
+    assert first.describe() == "stream stops at empty shard s0 (first); lost 5/5 tensors: 2 shards from s1 on"
+    # data, empty, empty, data: the second empty shard begins a request with nothing in it.
+    middle = stream_stop("listing", shards([3, 0, 0, 2]))
+    assert (middle.stop_at, middle.ended_by, middle.lost_files) == (2, ["s1.safetensors", "s2.safetensors"], ["s3.safetensors"])
+    assert middle.describe() == "stream stops at empty shards s1, s2 (two in a row); lost 2/5 tensors: shard s3"
+    # A third empty shard in the row changes nothing: the stop is at the second.
+    assert stream_stop("sorted", shards([3, 0, 0, 0, 2, 1])).ended_by == ["s1.safetensors", "s2.safetensors"]
+    safe = stream_stop("sorted", shards([3, 0, 2]))
+    assert (safe.ended_by, safe.describe()) == ([], "")
+
+
+@pytest.mark.parametrize("counts, missing, stop_at, lost_files", [
+    ([3, 0, 0, 2], {"s3.safetensors": 2}, 2, ["s3.safetensors"]),  # what #157 predicts: placed as predicted
+    ([0, 2, 3], {"s1.safetensors": 2, "s2.safetensors": 3}, 0, ["s1.safetensors", "s2.safetensors"]),
+    ([3, 0, 2, 1], {"s2.safetensors": 2, "s3.safetensors": 1}, None, ["s2.safetensors", "s3.safetensors"]),
+    ([3, 0, 0, 2, 1], {"s4.safetensors": 1}, None, ["s4.safetensors"]),  # a tail, but not #157's
+])
+def test_observed_stop_is_placed_where_the_prediction_is_when_the_loss_matches_it(counts, missing, stop_at, lost_files):
+    stop = checkpoint.observed_stop("o", shards(counts), missing)
+    assert (stop.stop_at, stop.lost_files) == (stop_at, lost_files)
+    assert stop.lost_tensors == sum(missing.values()) and stop.tensors == sum(counts)
+    if stop_at is None:
+        assert stop.describe().startswith(f"stream stops before {lost_files[0].removesuffix('.safetensors')};")
+
+
+def test_observed_stop_is_none_for_losses_that_are_not_a_tail():
+    assert checkpoint.observed_stop("o", shards([3, 0, 2]), {}) is None
+    assert checkpoint.observed_stop("o", shards([3, 0, 2]), {"s0.safetensors": 1}) is None
+    assert checkpoint.observed_stop("o", shards([3, 0, 2]), {"s2.safetensors": 1}) is None
 
 
 def test_a_shard_of_zero_sized_tensors_streams_nothing_like_an_empty_one():
