@@ -246,9 +246,15 @@ class Detect(Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1)
 
 
+# The launcher back-ends a matrix can name (their code: bench.launchers.BACKENDS), and the image
+# fields each one needs to start anything.
+LauncherName = Literal["local", "docker"]
+IMAGE_FIELDS_NEEDED: dict[str, tuple[str, ...]] = {"local": (), "docker": ("ref",)}
+
+
 class Config(Strict):
     name: Name
-    launcher: Literal["local", "docker"] = "local"
+    launcher: LauncherName = "local"
     models: list[Model] = Field(min_length=1)
     load_formats: list[LoadFormat] = Field(min_length=1)
     platforms: list[Name] = Field(default=["cpu"], min_length=1)
@@ -291,10 +297,10 @@ class Config(Strict):
             raise ValueError("repeats: auto needs `detect: {rate: P, confidence: C}`")
         if self.repeats == "auto" and self.repeat_count > 10_000:
             raise ValueError(f"detect asks for {self.repeat_count} repeats per cell; at most 10000")
-        if self.launcher == "docker":
-            missing = [i.name for i in self.images if i.ref is None]
+        for field in IMAGE_FIELDS_NEEDED[self.launcher]:
+            missing = [i.name for i in self.images if getattr(i, field) is None]
             if missing:
-                raise ValueError(f"the docker launcher needs `ref` (an image reference) on images {missing}")
+                raise ValueError(f"the {self.launcher} launcher needs `{field}` on images {missing}")
         _unique_names(self.models, "model")
         _unique_names(self.load_formats, "load format")
         _unique_names(self.images, "image")

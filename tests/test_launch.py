@@ -11,9 +11,18 @@ import pytest
 from bench.config import parse_config
 from bench.judge import judge_server
 from bench.launch import (
-    BootError, ProcessGroup, Server, free_port, labelled_processes, reap_local, vllm_argv, vllm_env,
+    BootError,
+    ProcessGroup,
+    Server,
+    free_port,
+    labelled_processes,
+    reap_local,
+    vllm_argv,
+    vllm_env,
 )
 from bench.matrix import expand
+
+from .support import ROOT
 
 FAKE = str(Path(__file__).parent / "fakeproc.py")
 
@@ -187,7 +196,7 @@ def test_docker_launcher_needs_image_refs(minimal):
     from bench.config import ConfigError
 
     minimal["launcher"] = "docker"
-    with pytest.raises(ConfigError, match="needs `ref`"):
+    with pytest.raises(ConfigError, match="docker launcher needs `ref` on images"):
         parse_config(minimal)
 
 
@@ -211,6 +220,45 @@ def test_leftovers_are_found_by_their_own_results_folder(tmp_path):
         assert reap_local(run_dir=tmp_path / "b" / "r") == [procs["b"].pid]
         procs["b"].wait(10)
         assert procs["a"].poll() is None
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_the_docker_sdk_is_imported_only_for_the_docker_launcher():
+    code = ("import sys, bench.cli, bench.runner\n"
+            "from bench.launchers import backend\n"
+            "backend('local')\n"
+            "print('docker' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "False"
+
+
+def test_no_launcher_name_is_switched_on_outside_the_launcher_modules():
+    # Every back-end difference lives behind bench.launchers; the rest of the bench asks it.
+    import re
+
+    switch = re.compile(r"""launcher\s*[!=]=\s*["']|["'](local|docker)["']\s*[!=]=\s*\S*launcher""")
+    allowed = {"launchers.py", "launch.py", "launch_docker.py"}
+    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "bench").rglob("*.py") if p.name not in allowed
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if switch.search(line)]
+    assert offenders == []
+
+
+def test_the_local_backend_removes_a_results_folders_leftovers_only(tmp_path):
+    from bench.launchers import backend
+
+    procs = {}
+    for name in ("a", "b"):
+        run_dir = tmp_path / name / "r" / "cells" / "c" / "run-1"
+        run_dir.mkdir(parents=True)
+        procs[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                                       env={**os.environ, "REGBENCH_RUN_DIR": str(run_dir)})
+    try:
+        removed = backend("local").leftovers("r", tmp_path / "b" / "r")
+        assert removed == [f"local server process {procs['b'].pid}"]
+        assert procs["b"].wait(10) is not None and procs["a"].poll() is None
     finally:
         for p in procs.values():
             p.kill()
