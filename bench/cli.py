@@ -15,24 +15,24 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeError, audit_checkpoint, default_python
-from bench.audit import render as render_audit
-from bench.checkpoint import NotACheckpoint, inspect_checkpoint
-from bench.checkpoint import render as render_checkpoint
-from bench.compare import AXES, compare, format_comparison
-from bench.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
-from bench.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
-from bench.matrix import expand
-from bench.merge import merge
-from bench.platforms import host_facts, select
-from bench.publish import load_side, regenerate
-from bench.records import RunRecord, TokenDiff
-from bench.redact import redactor_for
-from bench.report import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
-from bench.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
+from bench.core.compare import AXES, compare, format_comparison
+from bench.core.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
+from bench.core.matrix import expand
+from bench.core.records import RunRecord, TokenDiff
+from bench.core.redact import redactor_for
+from bench.core.slicing import github_matrix, parse_shard, slice_cells
+from bench.core.stats import detection_probability, percent_range, repeats_needed, wilson_interval
+from bench.report.summary import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
 from bench.runner import check_devices, run_matrix
-from bench.slicing import github_matrix, parse_shard, slice_cells
-from bench.stats import detection_probability, percent_range, repeats_needed, wilson_interval
+from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
+from bench.serve.platforms import host_facts, select
+from bench.store.merge import merge
+from bench.store.publish import load_side, regenerate
+from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
+from bench.weights.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeError, audit_checkpoint, default_python
+from bench.weights.audit import render as render_audit
+from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
+from bench.weights.checkpoint import render as render_checkpoint
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # CI logs are not terminals; rich would wrap them at 80 columns.

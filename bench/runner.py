@@ -6,7 +6,7 @@ The only module that ties the pure core (config, matrix, judge, report) to the I
 ``Workers`` (one thread per device slot, plus one for cells run one at a time) that each run
 ``run_one`` (one fresh server), and ``finish`` (verdicts and report files).
 
-Stopping has one path: a ``bench.stop.StopToken``. Ctrl-C or SIGTERM in the calling thread and a
+Stopping has one path: a ``bench.core.stop.StopToken``. Ctrl-C or SIGTERM in the calling thread and a
 worker's fatal error both set it; every wait looks at it; a run it cut short is recorded as
 interrupted.
 """
@@ -23,20 +23,20 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from bench.client import run_workload
-from bench.config import Config, ConfigError
-from bench.judge import divergence, judge_run, reference_outputs
-from bench.launch import BootError, Launcher
-from bench.launchers import open_launcher
-from bench.matrix import Cell
-from bench.preflight import preflight
-from bench.publish import write_reports
-from bench.records import Devices, RequestRecord, RunRecord, Summary, TokenDiff
-from bench.report import summarize
-from bench.results import ResultsDir, log_tail, read_log
-from bench.slots import SlotPool
-from bench.stats import verdict_settled
-from bench.stop import Stopped, StopToken
+from bench.core.config import Config, ConfigError
+from bench.core.judge import divergence, judge_run, reference_outputs
+from bench.core.matrix import Cell
+from bench.core.records import Devices, RequestRecord, RunRecord, Summary, TokenDiff
+from bench.core.stats import verdict_settled
+from bench.core.stop import Stopped, StopToken
+from bench.report.summary import summarize
+from bench.serve.client import run_workload
+from bench.serve.launch import BootError, Launcher
+from bench.serve.launchers import open_launcher
+from bench.serve.slots import SlotPool
+from bench.store.publish import write_reports
+from bench.store.results import ResultsDir, log_tail, read_log
+from bench.weights.preflight import preflight
 
 T = TypeVar("T")
 _POLL_S = 0.2

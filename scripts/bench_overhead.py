@@ -30,10 +30,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.config import load_config  # noqa: E402
-from bench.launch import free_port, vllm_argv, vllm_env  # noqa: E402
-from bench.matrix import expand  # noqa: E402
-from bench.records import RunRecord  # noqa: E402
+from bench.core.config import load_config  # noqa: E402
+from bench.core.matrix import expand  # noqa: E402
+from bench.core.records import RunRecord  # noqa: E402
+from bench.serve.launch import free_port, vllm_argv, vllm_env  # noqa: E402
 
 CELL = {"load_format": "safetensors", "image": "streamer-0.17.0"}
 

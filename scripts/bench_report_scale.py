@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.config import parse_config  # noqa: E402
-from bench.publish import rederive, write_reports  # noqa: E402
-from bench.records import Finding, RequestRecord, RunRecord, ServerOutcome  # noqa: E402
-from bench.results import ResultsDir  # noqa: E402
+from bench.core.config import parse_config  # noqa: E402
+from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome  # noqa: E402
+from bench.store.publish import rederive, write_reports  # noqa: E402
+from bench.store.results import ResultsDir  # noqa: E402
 
 PROMPTS = [f"p{i:02d}" for i in range(25)]
 MODELS, FORMATS, IMAGES = ("llama", "qwen"), ("safetensors", "runai_streamer"), ("tag-n1", "tag-n")

@@ -22,9 +22,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.records import Summary  # noqa: E402
-from bench.results import ResultsDir  # noqa: E402
-from bench.slots import shared_devices  # noqa: E402
+from bench.core.records import Summary  # noqa: E402
+from bench.serve.slots import shared_devices  # noqa: E402
+from bench.store.results import ResultsDir  # noqa: E402
 
 
 def four_cell_config() -> Path:

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Sets up (if needed) and runs the whole test suite, real vLLM servers included, then checks the
-# fault table it measured against the README's (scripts/fault_table.py).
+# Sets up (if needed), runs the lint, type and import gate (scripts/lint.sh) and the whole test
+# suite, real vLLM servers included, then checks the fault table it measured against the README's
+# (scripts/fault_table.py).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the fast tier.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+bash scripts/lint.sh
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "$@"
 fi

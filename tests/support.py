@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.records import Fingerprint, ServerOutcome
-from bench.stop import StopToken
+from bench.core.records import Fingerprint, ServerOutcome
+from bench.core.stop import StopToken
 
 from .fakeserver import FakeServer
 
@@ -49,7 +49,7 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: f
 
 class Live:
     """One stand-in server of a ScriptedLauncher: the fake OpenAI wire server, driven like a
-    bench.launch.Server. `meet`: a barrier every server of the launcher waits at once healthy,
+    bench.serve.launch.Server. `meet`: a barrier every server of the launcher waits at once healthy,
     so tests that need servers alive at once get that, whatever the machine's speed."""
 
     def __init__(self, mode: str, run_dir: Path, devices, launcher: ScriptedLauncher, stop: StopToken | None):
@@ -80,7 +80,7 @@ class Live:
 
 
 class ScriptedLauncher:
-    """A bench.launch.Launcher whose servers serve repeat N of every cell with modes[N-1] (the
+    """A bench.serve.launch.Launcher whose servers serve repeat N of every cell with modes[N-1] (the
     fake server's modes: 'ok', 'empty', 'shifted', 'hang', ...), or with by_format's modes for
     the cells of a load format. `together=N`: the first N servers are healthy only once all N
     are up. `requests` counts requests received by every server (a Condition to wait on)."""

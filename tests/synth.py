@@ -7,9 +7,9 @@ import copy
 import sys
 from pathlib import Path
 
-from bench.config import parse_config
-from bench.records import Finding, Fingerprint, RequestRecord, RunRecord, ServerOutcome
-from bench.results import ResultsDir
+from bench.core.config import parse_config
+from bench.core.records import Finding, Fingerprint, RequestRecord, RunRecord, ServerOutcome
+from bench.store.results import ResultsDir
 
 GOOD_IDS = list(range(100, 228))  # 128 distinct ids: no request-level finding
 PROMPTS = ("code", "prose")

@@ -10,12 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from bench.audit import (
-    PROBE, AuditError, AuditReport, Delivered, FileOrder, ProbeError, _parse, audit_checkpoint, compare,
-    default_python, file_orders,
-)
-from bench.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
 from bench.cli import main
+from bench.weights.audit import (
+    PROBE,
+    AuditError,
+    AuditReport,
+    Delivered,
+    FileOrder,
+    ProbeError,
+    _parse,
+    audit_checkpoint,
+    compare,
+    default_python,
+    file_orders,
+)
+from bench.weights.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
 
 from .conftest import ROOT
 from .test_checkpoint import CANARY, shard_name, write_checkpoint

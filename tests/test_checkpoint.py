@@ -10,12 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from bench import checkpoint
-from bench.checkpoint import (
-    CheckpointReport, NotACheckpoint, RawTensor, Shard, TensorInfo, hash_tensors, inspect_checkpoint,
-    stream_stop, write_shard,
-)
 from bench.cli import main
+from bench.weights import checkpoint
+from bench.weights.checkpoint import (
+    CheckpointReport,
+    NotACheckpoint,
+    RawTensor,
+    Shard,
+    TensorInfo,
+    hash_tensors,
+    inspect_checkpoint,
+    stream_stop,
+    write_shard,
+)
 
 from .conftest import ROOT
 

@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from bench.client import run_workload
-from bench.config import parse_config
-from bench.judge import Reason, judge_request
-from bench.records import ErrorKind
+from bench.core.config import parse_config
+from bench.core.judge import Reason, judge_request
+from bench.core.records import ErrorKind
+from bench.serve.client import run_workload
 
 from .fakeserver import FakeServer
 

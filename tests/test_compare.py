@@ -7,9 +7,9 @@ import json
 import pytest
 
 from bench.cli import main
-from bench.compare import compare
-from bench.config import ConfigError
-from bench.publish import load_side
+from bench.core.compare import compare
+from bench.core.config import ConfigError
+from bench.store.publish import load_side
 from tests import synth
 
 CELL = "m__runai_streamer__cpu__img"

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
-
 import copy
 import re
 import sys
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.cli import main
-from bench.config import ConfigError, load_config
-from bench.matrix import expand
+from bench.core.config import ConfigError, load_config
+from bench.core.matrix import expand
 
 VALID = {
     "name": "t",

@@ -19,8 +19,8 @@ import docker
 import pytest
 import yaml
 
-from bench.launch_docker import LABEL
-from bench.records import RunRecord, Summary
+from bench.core.records import RunRecord, Summary
+from bench.serve.launch_docker import LABEL
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "cpu-smoke-docker.yaml"

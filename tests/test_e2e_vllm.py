@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.records import PreflightRecord, RunRecord, Summary
+from bench.core.records import PreflightRecord, RunRecord, Summary
 
 from .support import processes_labelled
 
@@ -283,7 +283,7 @@ def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
                  "--cell", "tiny-canary__runai_streamer__cpu__streamer-0.17.0")
     output, _ = p.communicate(timeout=1200)
     assert p.returncode == 0, output
-    from bench.slots import shared_devices
+    from bench.serve.slots import shared_devices
 
     runs = [RunRecord.model_validate_json(x) for x in (results / "r" / "runs.jsonl").read_text().splitlines()]
     assert len(runs) == 4 and shared_devices(runs) == []

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.judge import judge_server
-from bench.launch import BootError, ProcessGroup, Server
-from bench.records import RequestRecord, RunRecord, Summary
-from bench.results import read_jsonl
+from bench.core.judge import judge_server
+from bench.core.records import RequestRecord, RunRecord, Summary
+from bench.serve.launch import BootError, ProcessGroup, Server
+from bench.store.results import read_jsonl
 
 from .fakeserver import FakeServer
 from .support import processes_labelled

@@ -3,9 +3,9 @@ from __future__ import annotations
 import os
 import sys
 
-from bench.config import Image
-from bench.fingerprint import fingerprint
-from bench.launch import image_env
+from bench.core.config import Image
+from bench.serve.fingerprint import fingerprint
+from bench.serve.launch import image_env
 
 
 def fake_dist(root, name: str, version: str) -> None:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import parse_config
-from bench.judge import (
+from bench.core.config import parse_config
+from bench.core.judge import (
     Reason,
     exit_time_episodes,
     first_divergence,
@@ -15,8 +15,8 @@ from bench.judge import (
     reference_outputs,
     unexpected_exit_episodes,
 )
-from bench.matrix import expand
-from bench.records import ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.core.matrix import expand
+from bench.core.records import ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome
 
 DATA = Path(__file__).parent / "data"
 
@@ -189,8 +189,8 @@ def test_a_server_that_could_not_start_is_a_boot_failure():
 
 
 def test_lost_weights_fail_a_cell_even_when_its_runs_pass(minimal):
-    from bench.judge import apply_cell_checks
-    from bench.records import PreflightRecord
+    from bench.core.judge import apply_cell_checks
+    from bench.core.records import PreflightRecord
 
     cell = expand(parse_config(minimal))[1]
     runs = [run(1), run(2)]
@@ -205,7 +205,7 @@ def test_lost_weights_fail_a_cell_even_when_its_runs_pass(minimal):
 
 
 def test_repeats_that_ran_different_images_are_flagged(minimal):
-    from bench.judge import apply_cell_checks
+    from bench.core.judge import apply_cell_checks
 
     cell = expand(parse_config(minimal))[0]
     runs = [run(1), run(2)]
@@ -218,7 +218,7 @@ def test_repeats_that_ran_different_images_are_flagged(minimal):
 
 
 def test_findings_carry_evidence_a_program_can_read(workload):
-    from bench.verdicts import RepeatedToken, UsageMismatch
+    from bench.core.verdicts import RepeatedToken, UsageMismatch
 
     by_reason = {f.reason: f for f in judge_request(req(text="", token_ids=[0] * 128), workload)}
     degenerate = by_reason[Reason.DEGENERATE].evidence
@@ -231,7 +231,7 @@ def test_findings_carry_evidence_a_program_can_read(workload):
 
 
 def test_divergence_evidence_has_both_tokens_at_the_first_difference():
-    from bench.judge import divergence
+    from bench.core.judge import divergence
 
     ((repeat, pos, f),) = divergence([req(token_ids=[1, 2, 9, 4])], {"p": [1, 2, 3, 4]})
     assert (repeat, pos) == (1, 2)

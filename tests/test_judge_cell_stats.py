@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import parse_config
-from bench.judge import judge_cell
-from bench.matrix import expand
-from bench.records import Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.core.config import parse_config
+from bench.core.judge import judge_cell
+from bench.core.matrix import expand
+from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome
 
 IDS = list(range(128))
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import parse_config
-from bench.judge import judge_server
-from bench.launch import (
+from bench.core.config import parse_config
+from bench.core.judge import judge_server
+from bench.core.matrix import expand
+from bench.serve.launch import (
     BootError,
     ProcessGroup,
     Server,
@@ -20,7 +21,6 @@ from bench.launch import (
     vllm_argv,
     vllm_env,
 )
-from bench.matrix import expand
 
 from .support import ROOT
 
@@ -170,8 +170,8 @@ def test_a_command_that_cannot_start_is_a_boot_failure(tmp_path, fault):
 
 
 def test_container_options_of_a_platform_and_secrets_by_name(minimal):
-    from bench.config import Platform
-    from bench.launch_docker import container_env, labels, run_options
+    from bench.core.config import Platform
+    from bench.serve.launch_docker import container_env, labels, run_options
 
     minimal["launcher"] = "docker"
     minimal["images"][0].update(ref="vllm/vllm-openai:v0.18.1", pythonpath=["/overlay"])
@@ -193,7 +193,7 @@ def test_container_options_of_a_platform_and_secrets_by_name(minimal):
 
 
 def test_docker_launcher_needs_image_refs(minimal):
-    from bench.config import ConfigError
+    from bench.core.config import ConfigError
 
     minimal["launcher"] = "docker"
     with pytest.raises(ConfigError, match="docker launcher needs `ref` on images"):
@@ -228,7 +228,7 @@ def test_leftovers_are_found_by_their_own_results_folder(tmp_path):
 
 def test_the_docker_sdk_is_imported_only_for_the_docker_launcher():
     code = ("import sys, bench.cli, bench.runner\n"
-            "from bench.launchers import backend\n"
+            "from bench.serve.launchers import backend\n"
             "backend('local')\n"
             "print('docker' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -236,7 +236,7 @@ def test_the_docker_sdk_is_imported_only_for_the_docker_launcher():
 
 
 def test_no_launcher_name_is_switched_on_outside_the_launcher_modules():
-    # Every back-end difference lives behind bench.launchers; the rest of the bench asks it.
+    # Every back-end difference lives behind bench.serve.launchers; the rest of the bench asks it.
     import re
 
     switch = re.compile(r"""launcher\s*[!=]=\s*["']|["'](local|docker)["']\s*[!=]=\s*\S*launcher""")
@@ -247,7 +247,7 @@ def test_no_launcher_name_is_switched_on_outside_the_launcher_modules():
 
 
 def test_the_local_backend_removes_a_results_folders_leftovers_only(tmp_path):
-    from bench.launchers import backend
+    from bench.serve.launchers import backend
 
     procs = {}
     for name in ("a", "b"):

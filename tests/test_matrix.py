@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from bench.config import ConfigError, parse_config
-from bench.matrix import expand
+from bench.core.config import ConfigError, parse_config
+from bench.core.matrix import expand
 
 
 def _two_images(d):

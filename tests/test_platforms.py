@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import ConfigError, Platform, load_config, parse_config
-from bench.matrix import expand
-from bench.platforms import HostFacts, matches, select
+from bench.core.config import ConfigError, Platform, load_config, parse_config
+from bench.core.matrix import expand
+from bench.serve.platforms import HostFacts, matches, select
 
 CPU_HOST = HostFacts(arch="x86_64", gpus=[])
 H200_HOST = HostFacts(arch="x86_64", gpus=["NVIDIA H200"] * 8)

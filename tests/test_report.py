@@ -1,15 +1,14 @@
 from __future__ import annotations
 
-import pytest
-
 import json
 
+import pytest
 import yaml
 
 from bench.cli import main
-from bench.config import parse_config
-from bench.records import Finding, RequestRecord, RunRecord, ServerOutcome
-from bench.results import ResultsDir, log_tail, read_log
+from bench.core.config import parse_config
+from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.store.results import ResultsDir, log_tail, read_log
 
 
 def outcome() -> ServerOutcome:
@@ -80,7 +79,7 @@ def test_a_half_written_last_line_is_dropped_with_a_warning(tmp_path, minimal, f
 def test_a_damaged_line_in_the_middle_is_an_error_not_a_guess(tmp_path, minimal):
     import pytest
 
-    from bench.results import ResultsError
+    from bench.store.results import ResultsError
 
     results = ResultsDir.create(tmp_path, "r", parse_config(minimal))
     (results.path / "runs.jsonl").write_text('{"garbage": 1}\n')

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.publish import regenerate
-from bench.records import Finding
+from bench.core.records import Finding
+from bench.store.publish import regenerate
 from tests import synth
 
 IMAGES = ("streamer-0.16.0", "streamer-0.17.0")

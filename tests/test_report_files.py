@@ -10,8 +10,8 @@ import pytest
 from junitparser import Failure, JUnitXml, Skipped
 
 from bench.cli import main
-from bench.publish import log_excerpt, regenerate
-from bench.records import Finding
+from bench.core.records import Finding
+from bench.store.publish import log_excerpt, regenerate
 from tests import synth
 
 BAD = "m__runai_streamer__cpu__img"

@@ -3,11 +3,11 @@ the tests' fake OpenAI wire server: what is under test is the bench's bookkeepin
 
 from __future__ import annotations
 
-from bench.config import parse_config
-from bench.matrix import expand
-from bench.records import ServerOutcome
-from bench.results import ResultsDir
+from bench.core.config import parse_config
+from bench.core.matrix import expand
+from bench.core.records import ServerOutcome
 from bench.runner import run_matrix
+from bench.store.results import ResultsDir
 
 from .support import ScriptedLauncher
 
@@ -103,7 +103,7 @@ def test_progress_says_pending_while_the_baseline_has_no_clean_run(tmp_path, min
 
 def test_the_progress_line_marks_pass_pending_and_divergence():
     from bench.cli import run_line
-    from bench.records import RunRecord, TokenDiff
+    from bench.core.records import RunRecord, TokenDiff
 
     record = RunRecord(cell_id="c", repeat=1, server=ServerOutcome(
         command=["x"], port=1, log_path="l", started_at=0.0, boot_s=3.0))

@@ -5,12 +5,12 @@ import json
 import pytest
 
 from bench.cli import main
-from bench.config import ConfigError, parse_config
-from bench.matrix import expand
-from bench.merge import merge
-from bench.records import Summary
-from bench.results import ResultsError
-from bench.slicing import github_matrix, parse_shard, slice_cells
+from bench.core.config import ConfigError, parse_config
+from bench.core.matrix import expand
+from bench.core.records import Summary
+from bench.core.slicing import github_matrix, parse_shard, slice_cells
+from bench.store.merge import merge
+from bench.store.results import ResultsError
 
 from . import synth
 

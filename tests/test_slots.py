@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import ConfigError, parse_config, parse_devices, with_devices
-from bench.launch import Server, device_argv, device_env
-from bench.launch_docker import container_env, run_options
-from bench.matrix import expand
-from bench.records import Devices
-from bench.results import ResultsDir
+from bench.core.config import ConfigError, parse_config, parse_devices, with_devices
+from bench.core.matrix import expand
+from bench.core.records import Devices
+from bench.core.stop import Stopped, StopToken
 from bench.runner import run_matrix
-from bench.slots import SlotPool, shared_devices
-from bench.stop import Stopped, StopToken
+from bench.serve.launch import Server, device_argv, device_env
+from bench.serve.launch_docker import container_env, run_options
+from bench.serve.slots import SlotPool, shared_devices
+from bench.store.results import ResultsDir
 
 from .support import ScriptedLauncher, wait_until
 
@@ -60,7 +60,7 @@ def test_the_pool_never_hands_one_device_to_two_holders(tmp_path):
 def test_another_bench_holding_a_device_is_waited_for_and_its_death_frees_it(tmp_path):
     # Another bench: a process holding the device's lock the way SlotPool does.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from pathlib import Path; from bench.slots import SlotPool\n"
+        "import sys; from pathlib import Path; from bench.serve.slots import SlotPool\n"
         f"p = SlotPool('gpu', ['0'], Path({str(tmp_path)!r})); p.acquire(1)\n"
         "print('held', flush=True); import time; time.sleep(120)"
     )], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
@@ -100,7 +100,7 @@ def test_devices_bind_local_servers_and_containers():
     assert device_argv(cpu, ["vllm"]) == ["taskset", "--cpu-list", "1", "vllm"]
     assert device_argv(gpu, ["vllm"]) == ["vllm"] and device_env(None) == {} and device_argv(None, ["v"]) == ["v"]
 
-    from bench.config import Platform
+    from bench.core.config import Platform
 
     h200 = Platform.model_validate({"name": "h200", "docker": {"gpus": "all"}, "devices": ["0", "1", "2", "3"]})
     (request,) = run_options(h200, gpu)["device_requests"]
@@ -163,7 +163,7 @@ def test_a_tensor_parallel_cell_takes_several_devices(tmp_path, minimal):
     sizes = {r.cell_id.split("__")[0]: len(r.server.devices.ids) for r in results.runs()}
     assert sizes == {"m1": 2, "m2": 1} and shared_devices(results.runs()) == []
     cell = next(c for c in expand(cfg) if c.model.name == "m1")
-    from bench.launch import serve_args
+    from bench.serve.launch import serve_args
 
     assert serve_args(cell, cfg.server, 8000, "/m")[-2:] == ["--tensor-parallel-size", "2"]
 
@@ -217,7 +217,7 @@ def test_a_cell_needing_more_devices_than_the_host_has_is_refused_before_anythin
 
 
 def test_a_real_server_process_is_pinned_to_its_cpus(tmp_path):
-    from bench.launch import ProcessGroup, free_port
+    from bench.serve.launch import ProcessGroup, free_port
 
     port = free_port()
     argv = device_argv(Devices(kind="cpu", ids=("0",)), [sys.executable, str(FAKEPROC), str(port), "children"])

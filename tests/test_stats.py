@@ -5,7 +5,7 @@ import math
 import pytest
 
 from bench.cli import main
-from bench.stats import (
+from bench.core.stats import (
     detection_probability,
     rate_text,
     repeats_needed,

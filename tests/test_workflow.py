@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from bench.config import load_config
-from bench.matrix import expand
-from bench.slicing import github_matrix
+from bench.core.config import load_config
+from bench.core.matrix import expand
+from bench.core.slicing import github_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "qualify.yml"

@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from bench.audit import AuditError, ProbeError, audit_checkpoint
-from bench.checkpoint import NotACheckpoint, inspect_checkpoint
-from bench.config import Config
-from bench.matrix import Cell
-from bench.records import PreflightRecord
+from bench.core.config import Config
+from bench.core.matrix import Cell
+from bench.core.records import PreflightRecord
+from bench.weights.audit import AuditError, ProbeError, audit_checkpoint
+from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
 
 STREAMING_FORMATS = {"runai_streamer", "runai_streamer_sharded"}
 AUDIT_ORDERS = ("sorted", "listing")
@@ -27,7 +27,7 @@ def preflight(
     config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None, audit_here: bool = True,
 ) -> list[PreflightRecord]:
     """`audit_here`: the launcher runs images on this host with their own Python (see
-    bench.launch.Launcher.audits_here); otherwise audits are recorded as skipped."""
+    bench.serve.launch.Launcher.audits_here); otherwise audits are recorded as skipped."""
     out: list[PreflightRecord] = []
     for model in {c.model.name: c.model for c in cells}.values():
         if not os.path.isdir(model.path):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import re
 
-from bench.config import Config, ConfigError
-from bench.matrix import Cell
+from bench.core.config import Config, ConfigError
+from bench.core.matrix import Cell
 
 SHARD = re.compile(r"^(\d+)/(\d+)$")
 

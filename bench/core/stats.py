@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from bench.verdicts import Verdict
+from bench.core.verdicts import Verdict
 
 Z_95 = 1.96
 
@@ -21,7 +21,7 @@ def _check_counts(failures: int, runs: int) -> None:
 
 
 def verdict(failures: int, runs: int) -> Verdict:
-    """The cell rule (documented in bench.verdicts): pass = no run failed, fail = every run
+    """The cell rule (documented in bench.core.verdicts): pass = no run failed, fail = every run
     failed, flaky in between; no judged run at all is not run."""
     _check_counts(failures, runs)
     if runs == 0:

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import openai
 
-from bench.config import Prompt, Workload
-from bench.records import ErrorKind, RequestRecord
+from bench.core.config import Prompt, Workload
+from bench.core.records import ErrorKind, RequestRecord
 
 CONNECT_TIMEOUT_S = 5.0
 

@@ -205,7 +205,8 @@ class DockerOptions(Strict):
 
 
 class Platform(Strict):
-    """A platform profile (configs/platforms/NAME.yaml): what the host looks like, how to run on it."""
+    """A platform profile: what the host looks like, how to run on it (bench/profiles/NAME.yaml,
+    or platforms/NAME.yaml beside a matrix)."""
 
     name: Name
     description: str = ""
@@ -215,7 +216,7 @@ class Platform(Strict):
     docker: DockerOptions = DockerOptions()
     env: dict[str, str] = {}
     runner_labels: list[str] = []
-    # The host's devices that cells may be given, one server's worth each at a time (bench.slots).
+    # The host's devices that cells may be given, one server's worth each at a time (bench.serve.slots).
     # Empty: cells run one after another with whatever the platform gives them (the default).
     # GPUs by CUDA index; on the CPU platform CPU numbers, each server pinned to its own.
     devices: list[Annotated[str, Field(pattern=r"^[0-9]{1,4}$")]] = []
@@ -246,7 +247,7 @@ class Detect(Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1)
 
 
-# The launcher back-ends a matrix can name (their code: bench.launchers.BACKENDS), and the image
+# The launcher back-ends a matrix can name (their code: bench.serve.launchers.BACKENDS), and the image
 # fields each one needs to start anything.
 LauncherName = Literal["local", "docker"]
 IMAGE_FIELDS_NEEDED: dict[str, tuple[str, ...]] = {"local": (), "docker": ("ref",)}
@@ -268,8 +269,8 @@ class Config(Strict):
     exclude: list[CellFilter] = []
     workload: Workload
     server: Server = Server()
-    preflight: bool = True  # inspect and audit the weights before the cells (bench/preflight.py)
-    # Filled in from configs/platforms/ by load_config; written out with the config as run.
+    preflight: bool = True  # inspect and audit the weights before the cells (bench/weights/preflight.py)
+    # Filled in from the profiles by load_config; written out with the config as run.
     profiles: list[Platform] = []
 
     @field_validator("repeats")
@@ -282,7 +283,7 @@ class Config(Strict):
     @property
     def repeat_count(self) -> int:
         if self.repeats == "auto":
-            from bench.stats import repeats_needed
+            from bench.core.stats import repeats_needed
 
             assert self.detect is not None  # checked by the validator
             return repeats_needed(self.detect.rate, self.detect.confidence)
@@ -353,7 +354,8 @@ def _read_yaml_mapping(path: Path) -> dict:
 
 
 # Profiles shipped with regbench, used when the config's folder has no platforms/ of its own.
-SHIPPED_PLATFORMS = Path(__file__).resolve().parent.parent / "configs" / "platforms"
+# Package data (bench/profiles/), so that an installed regbench resolves them too.
+SHIPPED_PLATFORMS = Path(__file__).resolve().parent.parent / "profiles"
 
 
 def load_platform(name: str, base: Path) -> Platform:

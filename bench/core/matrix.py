@@ -6,7 +6,7 @@ from itertools import product
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.config import CellFilter, Config, ConfigError, Image, LoadFormat, Model
+from bench.core.config import CellFilter, Config, ConfigError, Image, LoadFormat, Model
 
 
 class Cell(BaseModel):

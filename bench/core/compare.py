@@ -20,12 +20,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.config import ConfigError
-from bench.judge import reference_outputs
-from bench.records import CellSummary, Fingerprint, RequestRecord, RunRecord
-from bench.stats import rate_text
-from bench.tokens import EXACT, Comparator
-from bench.verdicts import Verdict
+from bench.core.config import ConfigError
+from bench.core.judge import reference_outputs
+from bench.core.records import CellSummary, Fingerprint, RequestRecord, RunRecord
+from bench.core.stats import rate_text
+from bench.core.tokens import EXACT, Comparator
+from bench.core.verdicts import Verdict
 
 AXES = ("model", "load_format", "platform", "image")
 

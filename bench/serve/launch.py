@@ -6,7 +6,7 @@ it is alive, and whose ``__exit__`` — also run when ``__enter__`` fails half-w
 waits the grace period, SIGKILLs, records the exit code and removes whatever was started, so
 nothing is left running whatever happened, Ctrl-C included. ``Server`` drives the life; a
 ``Handle`` is the thing being driven: a process group here (the local launcher, the built-in
-default), a container in ``bench.launch_docker``.
+default), a container in ``bench.serve.launch_docker``.
 
 The local launcher runs ``vllm serve`` from the image's Python as its own process group on
 127.0.0.1 and a free port, with a per-run TMPDIR and VLLM_CACHE_ROOT (removed afterwards), its
@@ -30,14 +30,14 @@ from typing import Protocol
 
 import httpx
 
-from bench.config import Config, Image, Platform
-from bench.config import Server as ServerConfig
-from bench.fingerprint import fingerprint
-from bench.launchers import LauncherUnavailable
-from bench.matrix import Cell
-from bench.records import Devices, Fingerprint, ServerOutcome
-from bench.redact import Redactor, redactor_for
-from bench.stop import Stopped, StopToken
+from bench.core.config import Config, Image, Platform
+from bench.core.config import Server as ServerConfig
+from bench.core.matrix import Cell
+from bench.core.records import Devices, Fingerprint, ServerOutcome
+from bench.core.redact import Redactor, redactor_for
+from bench.core.stop import Stopped, StopToken
+from bench.serve.fingerprint import fingerprint
+from bench.serve.launchers import LauncherUnavailable
 
 __all__ = ["LauncherUnavailable", "Stopped"]
 
@@ -469,7 +469,7 @@ def reap_local(run_id: str | None = None, run_dir: Path | None = None) -> list[i
 
 
 class Launcher(Protocol):
-    """Servers for the cells of one run (bench.launchers opens one by the matrix's `launcher`)."""
+    """Servers for the cells of one run (bench.serve.launchers opens one by the matrix's `launcher`)."""
 
     # Whether the pre-flight audit can run an image's loader with the image's Python here.
     audits_here: bool
@@ -480,7 +480,7 @@ class Launcher(Protocol):
 
 
 class LocalBackend:
-    """bench.launchers.Backend for `launcher: local`."""
+    """bench.serve.launchers.Backend for `launcher: local`."""
 
     name = "local"
 

@@ -4,7 +4,7 @@ A *finding* is one reason a run failed; a run with no finding passed. Each findi
 structured *evidence* (counts, positions, token ids, exit codes, log lines) from which its human
 text is derived, so a program never has to parse prose back.
 
-Per request (bench.judge.judge_request)
+Per request (bench.core.judge.judge_request)
     http_error           the server answered with a non-2xx status
     timeout              no complete answer within the request time-out
     connection_error     the connection failed or dropped (the server is gone or not listening)
@@ -17,7 +17,7 @@ Per request (bench.judge.judge_request)
     degenerate           every generated token id is the same one (a model without weights
                          typically repeats one id forever)
 
-Per run: one fresh server (bench.judge.judge_server)
+Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the evidence has the log tail
     boot_timeout         /health did not answer 200 before the boot deadline
@@ -26,27 +26,27 @@ Per run: one fresh server (bench.judge.judge_server)
     server_died          the server exited while serving, before the bench asked it to stop
     exit_exception       a traceback, "Exception ignored", UnicodeDecodeError or fatal error was
                          printed after the stop was requested, other than the allow-listed noise
-                         of a normal vLLM shutdown (bench.judge.BENIGN_SHUTDOWN_NOISE)
+                         of a normal vLLM shutdown (bench.core.judge.BENIGN_SHUTDOWN_NOISE)
     exit_code            the server's exit code after SIGTERM was not 0, or it had to be killed
 
-Per cell, before and across its runs (bench.judge.apply_cell_checks)
+Per cell, before and across its runs (bench.core.judge.apply_cell_checks)
     weights_lost         the pre-flight audit streamed the cell's checkpoint through the cell's
                          environment and tensors went missing: the cell fails even if no request
                          was sent
     fingerprint_changed  its repeats ran different images (container image ids differ): the
                          runs are not repeats of one thing; a passing cell becomes flaky
 
-Per cell, against its baseline cell (bench.judge.divergence)
+Per cell, against its baseline cell (bench.core.judge.divergence)
     divergence           token ids differ from the baseline cell's for the same prompt, as the
-                         comparator (bench.tokens) sees it; the evidence has the first
+                         comparator (bench.core.tokens) sees it; the evidence has the first
                          differing position (0 = the very first token) and both tokens there
 
-Per cell over its repeats (bench.judge.judge_cell)
+Per cell over its repeats (bench.core.judge.judge_cell)
     Each repeat is a fresh server, because the failures this bench exists for happen at
     weight-loading time and a warm server would hide them. Interrupted runs are not judged.
     A run *failed* when it has a finding of its own or diverges from the baseline.
     Verdict              PASS when no judged run failed, FAIL when every judged run failed,
-                         FLAKY in between, NOT_RUN with no judged run (bench.stats.verdict;
+                         FLAKY in between, NOT_RUN with no judged run (bench.core.stats.verdict;
                          verdict_settled says when more repeats can no longer change it)
     failures/runs        with the Wilson 95 % interval of the failure rate: "0/20 (0–16 %)"
     nondeterminism       token ids of a prompt differ between repeats of the same cell (each

@@ -1,13 +1,13 @@
 """Launcher back-ends by name: what `launcher:` in a matrix selects.
 
-A back-end knows how to open a ``Launcher`` for a run (bench.launch.Launcher: servers and
+A back-end knows how to open a ``Launcher`` for a run (bench.serve.launch.Launcher: servers and
 fingerprints for cells) and how to find and remove what a killed bench left behind. Everything
 that differs between back-ends lives behind these two protocols, in the back-end's own module;
 nothing outside the launcher modules switches on a back-end's name. A back-end's module is
 imported only when it is used (the docker SDK only for `launcher: docker`).
 
 To add a back-end: a module with a class satisfying ``Backend`` and a ``Launcher``, one line in
-``BACKENDS`` and its name in the schema's ``launcher`` choices (bench.config).
+``BACKENDS`` and its name in the schema's ``launcher`` choices (bench.core.config).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from bench.config import Config
-    from bench.launch import Launcher
+    from bench.core.config import Config
+    from bench.serve.launch import Launcher
 
 
 class LauncherUnavailable(Exception):
@@ -41,8 +41,8 @@ class Backend(Protocol):
 
 # name -> "module:class", imported on first use.
 BACKENDS = {
-    "local": "bench.launch:LocalBackend",
-    "docker": "bench.launch_docker:DockerBackend",
+    "local": "bench.serve.launch:LocalBackend",
+    "docker": "bench.serve.launch_docker:DockerBackend",
 }
 
 

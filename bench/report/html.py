@@ -17,9 +17,9 @@ import statistics
 from collections import defaultdict
 from html import escape
 
-from bench.records import CellSummary, Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
-from bench.stats import percent_range, rate_text
-from bench.verdicts import Verdict
+from bench.core.records import CellSummary, Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.core.stats import percent_range, rate_text
+from bench.core.verdicts import Verdict
 
 RUNS_SHOWN = 200  # rows per cell's runs table; the JSONL has the rest
 PLOT_RUNS = 500

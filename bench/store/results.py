@@ -8,7 +8,7 @@ Layout of results/<run-id>/:
     runs.jsonl             one RunRecord per fresh server, appended as each one is reaped
     cells/<cell-id>/run-<n>/server.log    the server's whole output
     summary.json, summary.md              derived from the JSONL files only
-    junit.xml, report.html                derived too (bench.report.render_all, bench.publish)
+    junit.xml, report.html                derived too (bench.report.summary.render_all, bench.store.publish)
 
 Each JSON line is flushed and fsynced before the bench moves on, so a killed bench loses at
 most the line it was writing.
@@ -25,9 +25,9 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel
 
-from bench.config import Config
-from bench.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
-from bench.redact import Redactor, redactor_for
+from bench.core.config import Config
+from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
+from bench.core.redact import Redactor, redactor_for
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -50,7 +50,7 @@ class ResultsDir:
         # Absolute: run folders label server processes, which must be findable from anywhere.
         self.path = Path(os.path.abspath(path))
         self.warnings: list[str] = []  # what reading had to repair, for the user to see
-        # Every record passes through it on its way to disk (bench.redact).
+        # Every record passes through it on its way to disk (bench.core.redact).
         self.redactor = redactor or redactor_for(())
 
     @classmethod

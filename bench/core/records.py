@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.verdicts import Finding, Reason, Verdict
+from bench.core.verdicts import Finding, Reason, Verdict
 
 __all__ = ["Finding", "Reason", "Verdict"]  # the verdict types, where every record type is
 
@@ -45,7 +45,7 @@ class RequestRecord(Record):
 
 
 class Devices(Record):
-    """The devices one server was given (bench.slots); the launcher binds it to exactly these."""
+    """The devices one server was given (bench.serve.slots); the launcher binds it to exactly these."""
 
     kind: Literal["gpu", "cpu"]
     ids: tuple[str, ...]

@@ -26,16 +26,20 @@ import signal
 import threading
 from pathlib import Path
 
+import docker
 import docker.errors
 import docker.types
 import requests.exceptions
 from docker.models.containers import Container as DockerContainer
 from docker.models.images import Image as DockerImage
 
-import docker
-from bench.config import Config, Image, Platform
-from bench.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
-from bench.launch import (
+from bench.core.config import Config, Image, Platform
+from bench.core.matrix import Cell
+from bench.core.records import Devices, Fingerprint
+from bench.core.redact import Redactor, redactor_for
+from bench.core.stop import StopToken
+from bench.serve.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
+from bench.serve.launch import (
     Server,
     StartError,
     device_env,
@@ -44,11 +48,7 @@ from bench.launch import (
     serve_args,
     server_env,
 )
-from bench.launchers import LauncherUnavailable
-from bench.matrix import Cell
-from bench.records import Devices, Fingerprint
-from bench.redact import Redactor, redactor_for
-from bench.stop import StopToken
+from bench.serve.launchers import LauncherUnavailable
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -251,7 +251,7 @@ def _remove(container: DockerContainer) -> None:
 
 
 class DockerBackend:
-    """bench.launchers.Backend for `launcher: docker`."""
+    """bench.serve.launchers.Backend for `launcher: docker`."""
 
     name = "docker"
 

@@ -1,7 +1,7 @@
 """The judge: pure functions from records to findings and verdicts. No I/O here.
 
 What it can find, and the evidence each finding carries, is documented once, at the top of
-bench.verdicts.
+bench.core.verdicts.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from bench.config import Workload
-from bench.matrix import Cell
-from bench.records import (
+from bench.core.config import Workload
+from bench.core.matrix import Cell
+from bench.core.records import (
     CellSummary,
     ErrorKind,
     PreflightRecord,
@@ -22,9 +22,9 @@ from bench.records import (
     ServerOutcome,
     TokenDiff,
 )
-from bench.stats import verdict, wilson_interval
-from bench.tokens import EXACT, Comparator
-from bench.verdicts import (
+from bench.core.stats import verdict, wilson_interval
+from bench.core.tokens import EXACT, Comparator
+from bench.core.verdicts import (
     EmptyText,
     ExitEpisode,
     Finding,

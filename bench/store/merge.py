@@ -15,8 +15,8 @@ from typing import TypeVar
 import yaml
 from pydantic import BaseModel
 
-from bench.records import RunRecord
-from bench.results import ResultsDir, ResultsError
+from bench.core.records import RunRecord
+from bench.store.results import ResultsDir, ResultsError
 
 T = TypeVar("T", bound=BaseModel)
 

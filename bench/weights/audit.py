@@ -32,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from rich.console import RenderableType
 from rich.text import Text
 
-from bench.checkpoint import (
+from bench.core.config import Image
+from bench.serve.launch import image_env
+from bench.weights.checkpoint import (
     CheckpointReport,
     Problem,
     Shard,
@@ -44,10 +46,8 @@ from bench.checkpoint import (
     inspect_checkpoint,
     observed_stop,
 )
-from bench.config import Image
-from bench.launch import image_env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its .venv-vllm is the default Python
 PROBE = Path(__file__).resolve().parent / "audit_probe.py"
 ORDERS = ("sorted", "reversed", "listing")
 LOADERS = ("streamer", "vllm")
@@ -303,10 +303,10 @@ def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], deliver
                 extra.append(name)
     missing = [h for hs in pending.values() for h in hs]
 
-    per_file = defaultdict(int)
+    per_file: defaultdict[str, int] = defaultdict(int)
     for h in baseline:
         per_file[h.file] += 1
-    missing_per_file = defaultdict(int)
+    missing_per_file: defaultdict[str, int] = defaultdict(int)
     for h in missing:
         missing_per_file[h.file] += 1
     losses = [FileLoss(file=f, missing=missing_per_file[f], tensors=per_file[f])
@@ -401,8 +401,8 @@ def audit_checkpoint(
     except ValidationError as exc:
         raise AuditError(f"invalid probe settings: {exc.errors(include_url=False)[0]['msg']}") from None
 
-    with tempfile.TemporaryDirectory(prefix="regbench-audit-") as scratch:
-        scratch = Path(scratch)
+    with tempfile.TemporaryDirectory(prefix="regbench-audit-") as scratch_dir:
+        scratch = Path(scratch_dir)
         plan = scratch / "plan.json"
         plan.write_text(json.dumps({
             "runs": [{"order": r.order, "files": [str(path / f) for f in r.files]} for r in runs],

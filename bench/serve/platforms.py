@@ -9,8 +9,8 @@ import subprocess
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.config import Config, ConfigError, Platform
-from bench.matrix import Cell
+from bench.core.config import Config, ConfigError, Platform
+from bench.core.matrix import Cell
 
 
 class HostFacts(BaseModel):

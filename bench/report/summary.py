@@ -1,5 +1,5 @@
 """Report: records → per-cell verdicts → summary.json, summary.md, junit.xml, report.html and the
-console table. Pure: reading the records and log excerpts, and writing the files, is bench.publish."""
+console table. Pure: reading the records and log excerpts, and writing the files, is bench.store.publish."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from bench.config import Config
-from bench.html_report import html_report
-from bench.judge import apply_cell_checks, judge_cell, reference_outputs
-from bench.junit import junit_xml
-from bench.matrix import Cell
-from bench.records import (
+from bench.core.config import Config
+from bench.core.judge import apply_cell_checks, judge_cell, reference_outputs
+from bench.core.matrix import Cell
+from bench.core.records import (
     CellSummary,
     Fingerprint,
     LogExcerpt,
@@ -22,8 +20,10 @@ from bench.records import (
     RunRecord,
     Summary,
 )
-from bench.stats import percent_range
-from bench.verdicts import Verdict
+from bench.core.stats import percent_range
+from bench.core.verdicts import Verdict
+from bench.report.html import html_report
+from bench.report.junit import junit_xml
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 

@@ -22,8 +22,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
-from bench.records import Devices, RunRecord
-from bench.stop import Stopped, StopToken
+from bench.core.records import Devices, RunRecord
+from bench.core.stop import Stopped, StopToken
 
 LOCK_DIR_ENV = "REGBENCH_LOCK_DIR"
 
@@ -74,7 +74,7 @@ class SlotPool:
     def acquire(self, count: int, stop: StopToken | None = None,
                 waiting: Callable[[str], None] = lambda _: None) -> Devices:
         """Blocks until `count` devices are free here and unlocked on the host; lowest ids
-        first. Raises bench.stop.Stopped once `stop` is set."""
+        first. Raises bench.core.stop.Stopped once `stop` is set."""
         if count > len(self.ids):
             raise ValueError(f"{count} devices asked for, {len(self.ids)} in the pool")
         told = False

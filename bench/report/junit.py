@@ -14,8 +14,8 @@ import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from bench.records import CellSummary, Finding, RunRecord, RunResult, Summary
-from bench.stats import rate_text
+from bench.core.records import CellSummary, Finding, RunRecord, RunResult, Summary
+from bench.core.stats import rate_text
 
 # XML 1.0 cannot carry these at all, escaped or not; server logs and model outputs contain them.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")

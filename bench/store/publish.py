@@ -12,13 +12,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from bench.compare import Side, side_from_records
-from bench.config import ConfigError
-from bench.judge import Reason, unexpected_exit_episodes
-from bench.matrix import expand
-from bench.records import Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
-from bench.report import render_all, summarize
-from bench.results import ResultsDir, read_log_bytes
+from bench.core.compare import Side, side_from_records
+from bench.core.config import ConfigError
+from bench.core.judge import Reason, unexpected_exit_episodes
+from bench.core.matrix import expand
+from bench.core.records import Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.report.summary import render_all, summarize
+from bench.store.results import ResultsDir, read_log_bytes
 
 # Run-level findings whose evidence is in the server log.
 _LOG_REASONS = {Reason.BOOT_FAILED, Reason.BOOT_TIMEOUT, Reason.SERVER_DIED, Reason.EXIT_EXCEPTION, Reason.EXIT_CODE}

@@ -627,10 +627,11 @@ def write_shard(path: str | Path, tensors: Sequence[RawTensor], metadata: dict[s
 
 
 def human_size(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
     raise AssertionError("unreachable")
 
 
@@ -647,9 +648,8 @@ def render(report: CheckpointReport) -> list[RenderableType]:
                 f"{human_size(report.data_bytes)} of weights; {index}")
     listed = {f: i + 1 for i, f in enumerate(report.listing_order)}
     shards = Table(box=None, pad_edge=False)
-    for col, justify in (("shard", "left"), ("listed", "right"), ("tensors", "right"), ("size", "right"),
-                         ("dtypes", "left"), ("in index", "left")):
-        shards.add_column(col, justify=justify, overflow="fold")
+    for col in ("shard", "listed", "tensors", "size", "dtypes", "in index"):
+        shards.add_column(col, justify="right" if col in ("listed", "tensors", "size") else "left", overflow="fold")
     for s in report.shards:
         in_index = {None: "-", True: "yes", False: "no"}[s.in_index]
         if s.error:

@@ -12,8 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bench.config import Image
-from bench.records import Fingerprint
+from bench.core.config import Image
+from bench.core.records import Fingerprint
 
 # Reads versions without importing torch or vLLM (seconds each, per image, on the critical path):
 # package metadata, and torch/version.py read as text for the CUDA build.

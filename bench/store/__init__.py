@@ -1,0 +1,2 @@
+"""The results folder: typed JSONL records written and read back, merging slices, and publishing
+the report files."""

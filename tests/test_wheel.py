@@ -1,0 +1,35 @@
+"""The built wheel, installed in a fresh venv outside the repository, is the whole product:
+its platform profiles ship as package data and `regbench plan` resolves `platforms: [h200]`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from .support import ROOT
+
+
+def test_the_wheel_installed_outside_the_repo_plans_an_h200_matrix(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (wheel,) = wheels.glob("regbench-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([venv / "bin" / "pip", "install", "-q", str(wheel)], check=True, capture_output=True,
+                   text=True, timeout=600)
+    matrix = tmp_path / "elsewhere" / "h200.yaml"  # no platforms/ folder beside it
+    matrix.parent.mkdir()
+    matrix.write_text(yaml.safe_dump({
+        "name": "h200-plan", "launcher": "docker", "platforms": ["h200"],
+        "models": [{"name": "m", "path": "org/model", "tensor_parallel_size": 2}],
+        "load_formats": [{"name": "safetensors"}], "images": [{"name": "v1", "ref": "vllm/vllm-openai:v1"}],
+        "workload": {"prompts": [{"id": "p", "prompt": "hi"}]},
+    }))
+    out = subprocess.run([venv / "bin" / "regbench", "plan", str(matrix)], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "m__safetensors__h200__v1" in out.stdout and "[2 devices]" in out.stdout
+    assert "platform h200: cells side by side on gpu devices" in out.stdout
