@@ -4,6 +4,9 @@ markers that skip a fast test with the set-up command it needs."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import shutil
 import threading
@@ -15,6 +18,8 @@ import pytest
 
 from bench.core.records import Fingerprint, ServerOutcome
 from bench.core.stop import StopToken
+from bench.weights import checkpoint
+from bench.weights.checkpoint import RawTensor, write_shard
 
 from .fakeserver import FakeServer
 
@@ -134,3 +139,35 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# --- hand-written checkpoints (pure Python, no torch) ---------------------------------------------
+
+
+def raw(name: str, dtype: str = "F32", shape: tuple[int, ...] = (2, 3)) -> RawTensor:
+    """A tensor whose bytes are derived from its name, so every tensor's bytes differ."""
+    size = (math.prod(shape) * checkpoint.DTYPE_BITS[dtype] + 7) // 8
+    seed = hashlib.sha256(name.encode()).digest()
+    return RawTensor(name=name, dtype=dtype, shape=list(shape), data=(seed * (size // 32 + 1))[:size])
+
+
+def shard_name(i: int, n: int) -> str:
+    return f"model-{i:05d}-of-{n:05d}.safetensors"
+
+
+def write_checkpoint(root: Path, counts: list[int], index: bool = True) -> dict[str, list[RawTensor]]:
+    """Shards with the given tensor counts (0: an empty shard), in name order, and an index that
+    names the data shards only, like the canary's."""
+    root.mkdir(parents=True, exist_ok=True)
+    layout = {}
+    for i, count in enumerate(counts, start=1):
+        file = shard_name(i, len(counts))
+        layout[file] = [raw(f"layers.{i}.t{j}.weight") for j in range(count)]
+        write_shard(root / file, layout[file])
+    if index:
+        write_index(root, {t.name: f for f, ts in layout.items() for t in ts})
+    return layout
+
+
+def write_index(root: Path, weight_map: dict[str, str]) -> None:
+    (root / checkpoint.INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))

@@ -26,8 +26,7 @@ from bench.weights.audit import (
 )
 from bench.weights.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
 
-from .conftest import ROOT
-from .test_checkpoint import CANARY, shard_name, write_checkpoint
+from .support import CANARY, ROOT, shard_name, write_checkpoint
 
 STREAMERS = ROOT / ".cache" / "streamers"
 ALL_ORDERS = ["sorted", "reversed", "listing"]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +13,6 @@ from bench.weights import checkpoint
 from bench.weights.checkpoint import (
     CheckpointReport,
     NotACheckpoint,
-    RawTensor,
     Shard,
     TensorInfo,
     hash_tensors,
@@ -24,38 +21,7 @@ from bench.weights.checkpoint import (
     write_shard,
 )
 
-from .conftest import ROOT
-
-CANARY = ROOT / ".cache" / "models" / "tiny-canary"
-
-
-def raw(name: str, dtype: str = "F32", shape: tuple[int, ...] = (2, 3)) -> RawTensor:
-    """A tensor whose bytes are derived from its name, so every tensor's bytes differ."""
-    size = (math.prod(shape) * checkpoint.DTYPE_BITS[dtype] + 7) // 8
-    seed = hashlib.sha256(name.encode()).digest()
-    return RawTensor(name=name, dtype=dtype, shape=list(shape), data=(seed * (size // 32 + 1))[:size])
-
-
-def shard_name(i: int, n: int) -> str:
-    return f"model-{i:05d}-of-{n:05d}.safetensors"
-
-
-def write_checkpoint(root: Path, counts: list[int], index: bool = True) -> dict[str, list[RawTensor]]:
-    """Shards with the given tensor counts (0: an empty shard), in name order, and an index that
-    names the data shards only, like the canary's."""
-    root.mkdir(parents=True, exist_ok=True)
-    layout = {}
-    for i, count in enumerate(counts, start=1):
-        file = shard_name(i, len(counts))
-        layout[file] = [raw(f"layers.{i}.t{j}.weight") for j in range(count)]
-        write_shard(root / file, layout[file])
-    if index:
-        write_index(root, {t.name: f for f, ts in layout.items() for t in ts})
-    return layout
-
-
-def write_index(root: Path, weight_map: dict[str, str]) -> None:
-    (root / checkpoint.INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+from .support import CANARY, needs_canary, raw, shard_name, write_checkpoint, write_index
 
 
 def kinds(report: CheckpointReport) -> list[str]:
@@ -70,6 +36,7 @@ def problem(report: CheckpointReport, kind: str):
 # --- the canary ----------------------------------------------------------------------------------
 
 
+@needs_canary
 def test_canary_shards_listing_order_and_risk():
     stamp = json.loads((CANARY / "regbench-canary.json").read_text())
     report = inspect_checkpoint(CANARY)
@@ -84,12 +51,14 @@ def test_canary_shards_listing_order_and_risk():
     assert any("RUNAI_STREAMER_MEMORY_LIMIT=0" in n for n in report.notes)
 
 
+@needs_canary
 def test_canary_cli_json_round_trips_and_exits_1(capsys):
     assert main(["inspect", str(CANARY), "--json"]) == 1
     report = CheckpointReport.model_validate_json(capsys.readouterr().out)
     assert report.tensor_count == 21 and not report.ok
 
 
+@needs_canary
 def test_canary_cli_table_names_the_risk(capsys):
     assert main(["inspect", str(CANARY)]) == 1
     text = capsys.readouterr().out

@@ -16,6 +16,8 @@ from bench.core.records import Finding
 from bench.store.publish import regenerate
 from tests import synth
 
+from .support import needs_program
+
 IMAGES = ("streamer-0.16.0", "streamer-0.17.0")
 FLAKY = "m__runai_streamer__cpu__streamer-0.16.0"
 
@@ -67,6 +69,7 @@ def report(tmp_path) -> Path:
     return results.path / "report.html"
 
 
+@needs_program("chromium")
 def test_report_renders_the_heatmap_without_console_errors(report, tmp_path):
     dom, log, png = chromium(report.as_uri() + f"#cell-{FLAKY}", tmp_path)
     assert console_errors(log) == []
@@ -83,6 +86,7 @@ def test_report_renders_the_heatmap_without_console_errors(report, tmp_path):
     assert png_size(png) == (1400, 1000)
 
 
+@needs_program("chromium")
 def test_the_console_check_catches_errors(tmp_path):
     page = tmp_path / "bad.html"
     page.write_text('<!DOCTYPE html><html><body><script>console.error("x"); nope();</script></body></html>')

@@ -14,16 +14,23 @@ from bench.core.config import load_config
 from bench.core.matrix import expand
 from bench.core.slicing import github_matrix
 
+from .support import needs
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOW = ROOT / ".github" / "workflows" / "qualify.yml"
 VALIDATOR = ROOT / ".cache" / "node" / "node_modules" / ".bin" / "action-validator"
 
 
+needs_validator = needs(VALIDATOR, "the Actions workflow validator (.cache/node, from npm)")
+
+
+@needs_validator
 def test_workflow_validates_against_the_schema():
     out = subprocess.run([str(VALIDATOR), str(WORKFLOW)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@needs_validator
 def test_the_validator_does_reject_a_broken_workflow(tmp_path):
     broken = yaml.safe_load(WORKFLOW.read_text())
     broken["jobs"]["run"]["runs-onn"] = broken["jobs"]["run"].pop("runs-on")
