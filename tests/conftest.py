@@ -49,13 +49,20 @@ def pytest_runtest_makereport(item, call):
     if marker is None or report.when != "call":
         return
     measured = getattr(item, "fault_measured", {})
-    _fault_rows.append({
-        "kind": marker.args[0], "test": item.nodeid, "survived": report.passed and bool(measured),
-        **measured,
-    })
+    # Carried on the report, so that under pytest-xdist the row reaches the controller, which
+    # alone writes the ledger.
+    report.user_properties.append(("fault_row", {
+        "kind": marker.args[0], "test": item.nodeid, "survived": report.passed and bool(measured), **measured,
+    }))
+
+
+def pytest_runtest_logreport(report):
+    _fault_rows.extend(value for name, value in report.user_properties if name == "fault_row")
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: its rows went to the controller with its reports
     if _fault_rows:
         FAULT_LEDGER.parent.mkdir(exist_ok=True)
         FAULT_LEDGER.write_text(json.dumps(sorted(_fault_rows, key=lambda r: (r["kind"], r["test"])), indent=1))

@@ -26,7 +26,7 @@ from bench.weights.audit import (
 )
 from bench.weights.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
 
-from .support import CANARY, ROOT, shard_name, write_checkpoint
+from .support import CANARY, ROOT, needs_vllm, shard_name, write_checkpoint
 
 STREAMERS = ROOT / ".cache" / "streamers"
 ALL_ORDERS = ["sorted", "reversed", "listing"]
@@ -465,6 +465,7 @@ probe.emit(how=how, names=names,
     assert {"torch", "tqdm", "SafetensorsStreamer", "_BAR_FORMAT"} <= set(result["names"])
 
 
+@needs_vllm  # its safetensors is the reference
 def test_baseline_hashes_equal_what_safetensors_reads(tmp_path):
     # The hand-written shards and the baseline agree with the reference implementation.
     layout = write_checkpoint(tmp_path, [2, 0, 3])

@@ -41,6 +41,7 @@ def smoke_run(tmp_path_factory):
     return p.returncode, output, results / "smoke"
 
 
+@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
     code, output, run_dir = smoke_run
     assert code == 1, output
@@ -63,6 +64,7 @@ def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
     assert f"| `{STREAMER_BUG}` | **FAIL** | 2/2 |" in md
 
 
+@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(smoke_run):
     _, _, run_dir = smoke_run
     requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
@@ -184,6 +186,7 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
           records_lost=sum(1 for q in finished if q not in requests), processes_left=len(processes_labelled(results)))
 
 
+@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path, smoke_run):
     _, _, smoke_dir = smoke_run
     config = one_cell_config(tmp_path, include=[{"image": "streamer-0.16.0"}])
@@ -273,6 +276,7 @@ def test_a_server_frozen_mid_workload_is_timed_out_and_killed(tmp_path, fault):
     fault(", ".join(sorted(cell.reasons)), records_lost=0, processes_left=len(processes_labelled(results)))
 
 
+@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
     # Two cells × 2 repeats on 2 CPU slots with the real launcher: two servers at a time, each
     # pinned to its own CPU, and the same verdicts as the one-at-a-time smoke run.
