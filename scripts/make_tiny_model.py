@@ -14,12 +14,12 @@ is why vLLM's default loader is unaffected.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import sys
 import sysconfig
 from pathlib import Path
+
+from reshard import reshard  # scripts/, beside this file
 
 SHARDS = 10
 EMPTY = 4
@@ -82,46 +82,14 @@ def make_model(out: Path, tokenizer) -> None:
 
 
 def reshard_canary(out: Path) -> None:
-    """Rewrites the weights as 10 shards with 4 empty ones, the first listed one empty."""
-    from safetensors.torch import load_file, save_file
+    """Rewrites the weights as 10 shards with 4 empty ones, the first listed one empty (and the
+    first in sorted order, so that every order a loader may use starts with an empty shard)."""
+    def choose(listed: list[str], names: list[str]) -> list[str]:
+        empty = list(dict.fromkeys([listed[0], names[0]]))
+        empty += [n for n in listed[1:] if n not in empty][: EMPTY - len(empty)]
+        return empty
 
-    index_path = out / "model.safetensors.index.json"
-    tensors = {}
-    for f in sorted(out.glob("*.safetensors")):
-        tensors.update(load_file(f))
-        f.unlink()
-    if index_path.exists():
-        index_path.unlink()
-
-    names = [f"model-{i:05d}-of-{SHARDS:05d}.safetensors" for i in range(1, SHARDS + 1)]
-    for n in names:
-        (out / n).touch()
-    listed = [n for n in os.listdir(out) if n in names]  # the order glob() will see
-    empty = [listed[0]]
-    if names[0] not in empty:
-        empty.append(names[0])
-    for n in listed[1:]:
-        if len(empty) == EMPTY:
-            break
-        if n not in empty:
-            empty.append(n)
-    data_files = [n for n in names if n not in empty]
-
-    keys = sorted(tensors)
-    weight_map = {}
-    for i, n in enumerate(data_files):
-        part = keys[i :: len(data_files)]
-        save_file({k: tensors[k].contiguous() for k in part}, out / n, metadata={"format": "pt"})
-        weight_map.update({k: n for k in part})
-    for n in empty:
-        save_file({}, out / n, metadata={"format": "pt"})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index_path.write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2)
-    )
-    (out / "regbench-canary.json").write_text(
-        json.dumps({"listing_order": listed, "empty": empty, "tensors": len(keys)}, indent=2)
-    )
+    reshard(out, SHARDS, choose)
 
 
 def main(argv: list[str]) -> int:

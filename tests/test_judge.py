@@ -254,3 +254,38 @@ def test_results_written_before_typed_evidence_still_read():
     assert f.reason == Reason.EMPTY_TEXT and f.detail == "code: empty text (128 tokens, finish_reason length)"
     with pytest.raises(ValueError):
         Finding.model_validate_json('{"reason": "no_such_reason", "detail": "x"}')
+
+
+def test_an_answer_that_misses_its_expectation_is_a_finding(minimal):
+    minimal["workload"]["prompts"] = [
+        {"id": "p", "kind": "chat", "messages": [{"role": "user", "content": "Capital of France?"}],
+         "expect": {"contains": "Paris"}},
+        {"id": "q", "prompt": "2+2=", "expect": {"regex": r"\b4\b"}},
+        {"id": "r", "prompt": "Say yes", "expect": {"one_of": ["yes", "sure"], "ignore_case": True}},
+    ]
+    workload = parse_config(minimal).workload
+    assert judge_request(req(text="The capital of France is Paris." + "x" * 200), workload) == []
+    (f,) = judge_request(req(text="The capital of France is Lyon, a city of" + "x" * 200), workload)
+    assert f.reason == Reason.EXPECTATION_FAILED
+    assert f.evidence.expected == "contains 'Paris'" and f.evidence.answer.startswith("The capital of France is Lyon")
+    assert f.detail.startswith("p: expected an answer that contains 'Paris', got 'The capital")
+    assert reasons(judge_request(req(prompt_id="q", text="2+2=4 " * 60), workload)) == set()
+    assert reasons(judge_request(req(prompt_id="q", text="2+2=44 " * 60), workload)) == {Reason.EXPECTATION_FAILED}
+    assert reasons(judge_request(req(prompt_id="r", text="SURE " * 60), workload)) == set()
+    # an empty answer misses its expectation too, beside the other findings
+    assert Reason.EXPECTATION_FAILED in reasons(judge_request(req(text="", token_ids=[0] * 128), workload))
+
+
+@pytest.mark.parametrize("expect, message", [
+    ({}, "exactly one of"),
+    ({"contains": "a", "regex": "b"}, "exactly one of"),
+    ({"regex": "("}, "regex"),
+    ({"one_of": []}, "one_of"),
+    ({"contain": "a"}, "unknown key"),
+])
+def test_a_bad_expectation_is_a_config_error(minimal, expect, message):
+    from bench.core.config import ConfigError
+
+    minimal["workload"]["prompts"][0]["expect"] = expect
+    with pytest.raises(ConfigError, match=message):
+        parse_config(minimal)

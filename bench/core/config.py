@@ -126,12 +126,50 @@ class Message(Strict):
     content: str
 
 
+class Expect(Strict):
+    """What a healthy model's answer to a prompt holds, judged without any baseline: a model that
+    lost part of its weights talks fluently and wrongly. Exactly one of the three."""
+
+    contains: str | None = None
+    regex: str | None = None
+    one_of: list[str] | None = Field(default=None, min_length=1)  # contains any of them
+    ignore_case: bool = False
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Expect:
+        if sum(x is not None for x in (self.contains, self.regex, self.one_of)) != 1:
+            raise ValueError("give exactly one of `contains`, `regex`, `one_of`")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex {self.regex!r}: {exc}") from None
+        return self
+
+    def describe(self) -> str:
+        case = " (any case)" if self.ignore_case else ""
+        if self.contains is not None:
+            return f"contains {self.contains!r}{case}"
+        if self.regex is not None:
+            return f"matches /{self.regex}/{case}"
+        return f"contains one of {self.one_of!r}{case}"
+
+    def holds(self, text: str) -> bool:
+        if self.regex is not None:
+            return re.search(self.regex, text, re.IGNORECASE if self.ignore_case else 0) is not None
+        wanted = [self.contains] if self.contains is not None else list(self.one_of or [])
+        if self.ignore_case:
+            text, wanted = text.lower(), [w.lower() for w in wanted]
+        return any(w in text for w in wanted)
+
+
 class Prompt(Strict):
     id: Name
     kind: Literal["completion", "chat"] = "completion"
     prompt: str | None = None
     messages: list[Message] | None = None
     stream: bool = False
+    expect: Expect | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> Prompt:

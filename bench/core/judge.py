@@ -27,6 +27,7 @@ from bench.core.tokens import EXACT, Comparator
 from bench.core.verdicts import (
     EmptyText,
     ExitEpisode,
+    ExpectationMissed,
     Finding,
     Reason,
     RepeatedToken,
@@ -76,6 +77,9 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
     ids = req.token_ids or []
     if len(ids) >= DEGENERATE_MIN_TOKENS and len(set(ids)) == 1:
         out.append(finding(Reason.DEGENERATE, RepeatedToken(count=len(ids), token_id=ids[0])))
+    expect = next((p.expect for p in workload.prompts if p.id == req.prompt_id), None)
+    if expect is not None and not expect.holds(text):
+        out.append(finding(Reason.EXPECTATION_FAILED, ExpectationMissed(expected=expect.describe(), answer=text[:200])))
     return out
 
 

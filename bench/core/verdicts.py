@@ -16,6 +16,9 @@ Per request (bench.core.judge.judge_request)
                          or the returned token ids disagree with usage.completion_tokens
     degenerate           every generated token id is the same one (a model without weights
                          typically repeats one id forever)
+    expectation_failed   the answer does not hold what the prompt's `expect` says a healthy
+                         model's answer holds (contains / regex / one of): no baseline needed, and
+                         it catches a model that lost part of its weights and talks fluently
 
 Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
@@ -74,6 +77,7 @@ class Reason(StrEnum):
     SHORT_OUTPUT = "short_output"
     USAGE_TEXT_MISMATCH = "usage_text_mismatch"
     DEGENERATE = "degenerate"
+    EXPECTATION_FAILED = "expectation_failed"
     BOOT_FAILED = "boot_failed"
     BOOT_TIMEOUT = "boot_timeout"
     PORT_TAKEN = "port_taken"
@@ -159,6 +163,17 @@ class RepeatedToken(_Evidence):
         return f"all {self.count} token ids are {self.token_id}"
 
 
+class ExpectationMissed(_Evidence):
+    """expectation_failed."""
+
+    kind: Literal["expectation"] = "expectation"
+    expected: str  # the rule, described ("contains 'Paris'")
+    answer: str  # the answer's first 200 characters
+
+    def text(self) -> str:
+        return f"expected an answer that {self.expected}, got {self.answer!r}"
+
+
 class ServerExit(_Evidence):
     """boot_failed, boot_timeout, port_taken, server_died, exit_code: what became of the process."""
 
@@ -217,8 +232,8 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | UsageMismatch | RepeatedToken | ServerExit | ExitEpisode
-    | TokenDivergence | Note,
+    RequestFailed | EmptyText | TokenCount | UsageMismatch | RepeatedToken | ExpectationMissed | ServerExit
+    | ExitEpisode | TokenDivergence | Note,
     Field(discriminator="kind"),
 ]
 
@@ -246,4 +261,4 @@ class Finding(BaseModel):
         return f"{self.prompt_id}: {text}" if self.prompt_id and isinstance(self.evidence, _PROMPT_PREFIXED) else text
 
 
-_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, UsageMismatch, RepeatedToken, TokenDivergence)
+_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, UsageMismatch, RepeatedToken, ExpectationMissed, TokenDivergence)
