@@ -10,8 +10,8 @@ bfloat16, and per layout OUT_ROOT/smollm2-135m-LAYOUT, the float32 weights re-sh
 files of which some are empty (scripts/reshard.py):
   canary   the first file in listing order and in sorted order are empty: a streamer with #157
            delivers nothing;
-  partial  the 3rd and 4th files in listing order are empty: the streamer delivers the two data
-           shards listed first and loses every later one (a model that still talks, wrongly).
+  partial  the 6th and 7th files in listing order are empty: the streamer delivers the five data
+           shards listed first and loses the last one (a block of layers).
 The converter's two extra packages (gguf, accelerate) go into an overlay under OUT_ROOT, not into
 the vLLM environment. Each output folder is written under a temporary name and renamed when
 complete, so an interrupted build is redone, never half-used.
@@ -35,7 +35,7 @@ NAME = "smollm2-135m"
 RESHARDED = 8
 LAYOUTS = {
     "canary": lambda listed, names: list(dict.fromkeys([listed[0], names[0], listed[1]])),
-    "partial": lambda listed, names: [listed[2], listed[3]],
+    "partial": lambda listed, names: [listed[-3], listed[-2]],
 }
 
 
@@ -94,7 +94,7 @@ def layout(base: Path, out: Path, name: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(base, tmp)
     tmp.rename(out)  # the listing order is a property of the final folder: reshard there
-    reshard(out, RESHARDED, LAYOUTS[name])
+    reshard(out, RESHARDED, LAYOUTS[name], contiguous=True)
 
 
 def main(argv: list[str]) -> int:

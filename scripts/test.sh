@@ -12,6 +12,7 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "$@"
 fi
 # Two at a time: two vLLM servers on the 2 cores took 0.56 of the wall time of one after the
-# other. Tests that share a module's booted matrix are kept on one worker (xdist_group).
-.venv/bin/pytest -n 2 --dist loadgroup
+# other. A file's tests stay on one worker (--dist loadfile), so that those sharing a booted
+# matrix (a module-scoped fixture) boot it once.
+.venv/bin/pytest -n 2 --dist loadfile
 .venv/bin/python scripts/fault_table.py --check

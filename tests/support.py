@@ -9,12 +9,15 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.core.records import Fingerprint, ServerOutcome
 from bench.core.stop import StopToken
@@ -24,6 +27,7 @@ from bench.weights.checkpoint import RawTensor, write_shard
 from .fakeserver import FakeServer
 
 ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "cpu-smoke.yaml"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 STREAMERS = ROOT / ".cache" / "streamers"
 CANARY = ROOT / ".cache" / "models" / "tiny-canary"
@@ -171,3 +175,26 @@ def write_checkpoint(root: Path, counts: list[int], index: bool = True) -> dict[
 
 def write_index(root: Path, weight_map: dict[str, str]) -> None:
     (root / checkpoint.INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+
+
+# --- the real bench on real vLLM ------------------------------------------------------------------
+
+
+def regbench(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def one_cell_config(tmp_path: Path, **changes) -> Path:
+    config = yaml.safe_load(SMOKE.read_text())
+    config["repeats"] = 1
+    config["include"] = [{"load_format": "safetensors", "image": "streamer-0.17.0"}]
+    config.update(changes)
+    for image in config["images"]:
+        image["python"] = str(ROOT / ".venv-vllm" / "bin" / "python")
+        image["pythonpath"] = [str(ROOT / ".cache" / "streamers" / image["name"].split("-")[1])]
+    for model in config["models"]:
+        model["path"] = str((SMOKE.parent / model["path"]).resolve()) if model["path"].startswith(".") else model["path"]
+    f = tmp_path / "one.yaml"
+    f.write_text(yaml.safe_dump(config))
+    return f

@@ -63,7 +63,6 @@ def smoke(tmp_path_factory):
     return p.returncode, output, results / "dsmoke", token
 
 
-@pytest.mark.xdist_group("docker-smoke")  # they share one booted matrix
 def test_docker_smoke_gives_the_same_verdicts_as_the_local_launcher(smoke, engine):
     code, output, run_dir, _ = smoke
     assert code == 1, output
@@ -76,7 +75,6 @@ def test_docker_smoke_gives_the_same_verdicts_as_the_local_launcher(smoke, engin
     assert containers_of(engine, "dsmoke") == []
 
 
-@pytest.mark.xdist_group("docker-smoke")  # they share one booted matrix
 def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):
     _, _, run_dir, _ = smoke
     prints = {f["image"]: f for f in map(json.loads, (run_dir / "fingerprint.jsonl").read_text().splitlines())}
@@ -93,7 +91,6 @@ def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):
         assert "[shutdown]" in (run_dir / r.server.log_path).read_text()  # logs through the shutdown
 
 
-@pytest.mark.xdist_group("docker-smoke")  # they share one booted matrix
 def test_a_secret_passed_by_name_is_in_no_file(smoke):
     _, _, run_dir, token = smoke
     files = [p for p in run_dir.rglob("*") if p.is_file()]

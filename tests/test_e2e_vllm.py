@@ -7,30 +7,16 @@ Slow tier: each test boots real vLLM servers (~40 s each). Needs scripts/setup.s
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from bench.core.records import PreflightRecord, RunRecord, Summary
 
-from .support import processes_labelled
+from .support import SMOKE, one_cell_config, processes_labelled, regbench
 
-ROOT = Path(__file__).resolve().parent.parent
-SMOKE = ROOT / "configs" / "cpu-smoke.yaml"
 pytestmark = pytest.mark.slow
 
 STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
-
-
-def regbench(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +27,6 @@ def smoke_run(tmp_path_factory):
     return p.returncode, output, results / "smoke"
 
 
-@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
     code, output, run_dir = smoke_run
     assert code == 1, output
@@ -64,7 +49,6 @@ def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
     assert f"| `{STREAMER_BUG}` | **FAIL** | 2/2 |" in md
 
 
-@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(smoke_run):
     _, _, run_dir = smoke_run
     requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
@@ -99,94 +83,6 @@ def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(
     assert inspect.ok and any("stream_stop_risk" in n for n in inspect.notes)
 
 
-def one_cell_config(tmp_path: Path, **changes) -> Path:
-    config = yaml.safe_load(SMOKE.read_text())
-    config["repeats"] = 1
-    config["include"] = [{"load_format": "safetensors", "image": "streamer-0.17.0"}]
-    config.update(changes)
-    for image in config["images"]:
-        image["python"] = str(ROOT / ".venv-vllm" / "bin" / "python")
-        image["pythonpath"] = [str(ROOT / ".cache" / "streamers" / image["name"].split("-")[1])]
-    for model in config["models"]:
-        model["path"] = str((SMOKE.parent / model["path"]).resolve()) if model["path"].startswith(".") else model["path"]
-    f = tmp_path / "one.yaml"
-    f.write_text(yaml.safe_dump(config))
-    return f
-
-
-@pytest.mark.parametrize("sig", [
-    pytest.param(signal.SIGINT, marks=pytest.mark.fault("bench receives SIGINT mid-run")),
-    pytest.param(signal.SIGTERM, marks=pytest.mark.fault("bench receives SIGTERM mid-run")),
-])
-def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig, fault):
-    results = tmp_path / "results"
-    p = regbench("run", str(one_cell_config(tmp_path)), "--results", str(results), "--run-id", "r")
-    log = results / "r" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
-    deadline = time.monotonic() + 300
-    # Wait until the server is well into its boot: engine core and workers exist by then.
-    while time.monotonic() < deadline and "EngineCore" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.5)
-    assert processes_labelled(results), "the server never started"
-    p.send_signal(sig)
-    output, _ = p.communicate(timeout=120)
-    assert p.returncode == 130, output
-    assert processes_labelled(results) == []
-    runs = (results / "r" / "runs.jsonl").read_text().splitlines()
-    assert RunRecord.model_validate_json(runs[-1]).interrupted
-    summary = Summary.model_validate_json((results / "r" / "summary.json").read_text())
-    assert summary.interrupted and summary.exit_code == 130
-    fault("run recorded as interrupted, exit 130", processes_left=len(processes_labelled(results)))
-
-
-@pytest.mark.fault("model path missing")
-def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path, fault):
-    config = one_cell_config(tmp_path)
-    data = yaml.safe_load(config.read_text())
-    data["models"][0]["path"] = str(tmp_path / "no-such-model")
-    config.write_text(yaml.safe_dump(data))
-    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
-    output, _ = p.communicate(timeout=600)
-    assert p.returncode == 1, output
-    (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
-    assert cell.verdict == "fail" and cell.reasons == {"boot_failed": 1}
-    assert processes_labelled(tmp_path / "res") == []
-    fault("boot_failed", processes_left=len(processes_labelled(tmp_path / "res")))
-
-
-@pytest.mark.fault("bench killed with SIGKILL mid-run")
-def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
-    config = one_cell_config(tmp_path, repeats=2)
-    results = tmp_path / "results"
-    run_dir = results / "r"
-    p = regbench("run", str(config), "--results", str(results), "--run-id", "r")
-    log2 = run_dir / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-2" / "server.log"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and "EngineCore" not in (log2.read_text() if log2.exists() else ""):
-        time.sleep(0.5)
-    p.kill()  # SIGKILL mid-boot of repeat 2: no clean-up, the server keeps running
-    p.communicate(timeout=60)
-    assert processes_labelled(results), "the server should have outlived the bench"
-    first = RunRecord.model_validate_json((run_dir / "runs.jsonl").read_text().splitlines()[0])
-    finished = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()
-                if json.loads(line)["repeat"] == 1]
-
-    r = regbench("run", "--resume", str(run_dir))
-    output, _ = r.communicate(timeout=900)
-    assert r.returncode == 0, output
-    runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
-    assert [x.repeat for x in runs] == [1, 2] and runs[0] == first  # repeat 1 not redone
-    requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    assert sorted((q["repeat"], q["prompt_id"]) for q in requests) == sorted(
-        (rep, pid) for rep in (1, 2) for pid in ("code", "prose", "chat", "chat-stream"))
-    assert (log2.parent / "server.log.attempt-1").exists()
-    assert processes_labelled(results) == []
-    summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
-    assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]
-    fault("--resume reaps the server, redoes only the unfinished run",
-          records_lost=sum(1 for q in finished if q not in requests), processes_left=len(processes_labelled(results)))
-
-
-@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path, smoke_run):
     _, _, smoke_dir = smoke_run
     config = one_cell_config(tmp_path, include=[{"image": "streamer-0.16.0"}])
@@ -209,74 +105,6 @@ def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path
         assert set(c.reasons) == set(whole[cell_id].reasons)  # divergence across slices included
 
 
-@pytest.mark.fault("exception at the server's interpreter exit")
-def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault):
-    # The seed's other symptom: a UnicodeDecodeError at exit. Injected through a site hook on the
-    # server's path, into an otherwise healthy server: only the exit-time scan can see it.
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(
-        "import atexit\n"
-        "def _boom():\n"
-        "    b'\\xff'.decode('utf-8')\n"
-        "atexit.register(_boom)\n"
-    )
-    config = one_cell_config(tmp_path)
-    data = yaml.safe_load(config.read_text())
-    for image in data["images"]:
-        image["pythonpath"].append(str(hook))
-    config.write_text(yaml.safe_dump(data))
-    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
-    output, _ = p.communicate(timeout=900)
-    assert p.returncode == 1, output
-    (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
-    assert cell.reasons == {"exit_exception": 1}, cell  # requests were fine, the exit was not
-    (run,) = [RunRecord.model_validate_json(x) for x in (tmp_path / "res" / "r" / "runs.jsonl").read_text().splitlines()]
-    assert any("UnicodeDecodeError" in f.detail for f in run.findings)
-    fault("exit_exception", processes_left=len(processes_labelled(tmp_path / "res")))
-
-
-@pytest.mark.fault("server hangs mid-request (SIGSTOP)")
-def test_a_server_frozen_mid_workload_is_timed_out_and_killed(tmp_path, fault):
-    # The freeze must land while a request is provably in flight, on a machine of any speed: each
-    # request asks for 4000 tokens (many seconds of decoding here, seconds on a machine twice as
-    # fast), and the freeze follows vLLM's own "Added request" log line (--enable-log-requests).
-    config = one_cell_config(tmp_path)
-    data = yaml.safe_load(config.read_text())
-    data["workload"].update(request_timeout_s=10, min_tokens=4000, max_tokens=4000)
-    data["workload"]["prompts"] = data["workload"]["prompts"][:2]
-    args = data["server"]["args"]
-    args[args.index("--max-model-len") + 1] = "4200"
-    data["server"].update(shutdown_timeout_s=10, args=[*args, "--enable-log-requests"],
-                          # the canary's config says 512 positions; a random model has no better
-                          env={**data["server"].get("env", {}), "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
-    config.write_text(yaml.safe_dump(data))
-    results = tmp_path / "res"
-    p = regbench("run", str(config), "--results", str(results), "--run-id", "r")
-    requests = results / "r" / "requests.jsonl"
-    log = results / "r" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and p.poll() is None and "Added request" not in (
-            log.read_text() if log.exists() else ""):
-        time.sleep(0.05)
-    frozen = processes_labelled(results)
-    for pid in frozen:  # every process of the server stops mid-workload, sockets open
-        os.kill(pid, signal.SIGSTOP)
-    output, _ = p.communicate(timeout=600)
-    assert p.returncode == 1, output
-    (cell,) = Summary.model_validate_json((results / "r" / "summary.json").read_text()).cells
-    assert cell.reasons.get("timeout", 0) >= 1 and cell.reasons.get("exit_code") == 1, cell.reasons
-    (run,) = [RunRecord.model_validate_json(x) for x in (results / "r" / "runs.jsonl").read_text().splitlines()]
-    assert run.server.killed  # SIGTERM cannot reach a stopped process; SIGKILL can
-    assert frozen and processes_labelled(results) == []
-    kept = [json.loads(line) for line in requests.read_text().splitlines()]
-    # Every request sent has its record: those frozen in flight as time-outs, none lost.
-    assert len(kept) == 2 and {q["error_kind"] for q in kept} <= {"timeout", "connection"}, kept
-    assert any(q["error_kind"] == "timeout" for q in kept)
-    fault(", ".join(sorted(cell.reasons)), records_lost=0, processes_left=len(processes_labelled(results)))
-
-
-@pytest.mark.xdist_group("vllm-smoke")  # they share one booted smoke matrix
 def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
     # Two cells × 2 repeats on 2 CPU slots with the real launcher: two servers at a time, each
     # pinned to its own CPU, and the same verdicts as the one-at-a-time smoke run.

