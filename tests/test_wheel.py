@@ -3,6 +3,7 @@ its platform profiles ship as package data and `regbench plan` resolves `platfor
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -12,8 +13,11 @@ from .support import ROOT
 
 
 def test_the_wheel_installed_outside_the_repo_plans_an_h200_matrix(tmp_path):
+    # Built from a copy: setuptools writes build/ into the tree it builds.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv*", ".cache", ".git", "results", "build", "*.egg-info"))
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(src)],
                    check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = wheels.glob("regbench-*.whl")
     venv = tmp_path / "venv"
