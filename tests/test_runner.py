@@ -3,9 +3,11 @@ the tests' fake OpenAI wire server: what is under test is the bench's bookkeepin
 
 from __future__ import annotations
 
+import pytest
+
 from bench.core.config import parse_config
 from bench.core.matrix import expand
-from bench.core.records import ServerOutcome
+from bench.core.records import Finding, Reason, RunRecord, ServerOutcome
 from bench.runner import run_matrix
 from bench.store.results import ResultsDir
 
@@ -111,3 +113,33 @@ def test_the_progress_line_marks_pass_pending_and_divergence():
     assert "✓" not in run_line(record, None) and "baseline" in run_line(record, None)
     line = run_line(record, [TokenDiff(prompt_id="p", repeat=1, position=5)])
     assert line.startswith("[red]✗") and "token 5 (p)" in line
+
+
+def test_the_schedule_hands_out_runs_in_order_and_stops_a_settled_cell(minimal):
+    from bench.core.stop import StopToken
+    from bench.runner import Schedule
+
+    cfg = config(minimal, repeats=4, early_stop=True)
+    (cell,) = expand(cfg)
+    said: list[str] = []
+    schedule = Schedule(cfg, [cell], frozenset({(cell.id, 1)}), [], said.append)
+    stop = StopToken()
+    assert schedule.total == 3 and schedule.next(stop) == (cell, 2)
+    for repeat, failed in ((2, False), (3, True)):  # #2 passed, #3 failed: flaky for good
+        schedule.record(RunRecord(cell_id=cell.id, repeat=repeat, server=ServerOutcome(
+            command=["x"], port=1, log_path="l", started_at=0.0),
+            findings=[Finding(reason=Reason.EXIT_CODE, detail="x")] if failed else []))
+    assert schedule.next(stop) is None and said and "settled" in said[0]
+
+
+def test_a_stopped_schedule_hands_out_nothing(minimal):
+    from bench.core.stop import Stopped, StopToken
+    from bench.runner import Schedule
+
+    cfg = config(minimal, repeats=2)
+    schedule = Schedule(cfg, expand(cfg), frozenset(), [], lambda s: None)
+    stop = StopToken()
+    stop.stop("test")
+    assert schedule.next(stop) is None
+    with pytest.raises(Stopped, match="test"):
+        stop.check()
