@@ -144,7 +144,8 @@ def test_a_crash_while_serving_is_server_died_and_leaves_no_container(tmp_path, 
 @pytest.mark.fault("bench receives SIGINT mid-boot (container)")
 def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine, fault):
     p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dint")
-    wait_for(lambda: any(c.status == "running" for c in containers_of(engine, "dint")))
+    wait_for(lambda: any(c.status == "running" and c.name.startswith("regbench-dint-")  # the server, booting
+                         for c in containers_of(engine, "dint")))
     time.sleep(5)  # well into vLLM's boot
     p.send_signal(signal.SIGINT)
     output, _ = p.communicate(timeout=120)
@@ -156,12 +157,14 @@ def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine, fault):
 @pytest.mark.fault("bench killed with SIGKILL (container)")
 def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine, fault):
     p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dkill")
-    wait_for(lambda: any(c.status == "running" for c in containers_of(engine, "dkill")))
+    # The server's container, not the fingerprint probe's that runs before it.
+    wait_for(lambda: any(c.status == "running" and c.name.startswith("regbench-dkill-")
+                         for c in containers_of(engine, "dkill")))
     p.kill()  # SIGKILL: the bench gets no chance to clean up
     p.communicate(timeout=60)
     assert containers_of(engine, "dkill"), "the container should have outlived the bench"
     out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "dkill"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "docker launcher: removed 1 leftover(s): container regbench-" in out.stdout, out
+    assert out.returncode == 0 and "docker launcher: removed 1 leftover(s): container regbench-dkill-" in out.stdout, out
     assert containers_of(engine, "dkill") == []
     fault("`regbench clean` removes the container", processes_left=len(containers_of(engine, "dkill")))
