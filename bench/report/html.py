@@ -462,13 +462,16 @@ def html_report(
         excerpts_of[x.cell_id][x.repeat] = x
 
     counts = {v: sum(1 for c in summary.cells if c.verdict == v) for v in _LABEL}
-    overall = {0: ("all cells pass", "pass"), 130: ("INTERRUPTED", "notrun")}.get(summary.exit_code, ("FAILURES", "fail"))
+    overall = {0: ("all cells pass", _CLASS[Verdict.PASS]), 130: ("INTERRUPTED", _CLASS[Verdict.NOT_RUN])}.get(
+        summary.exit_code, ("FAILURES", _CLASS[Verdict.FAIL]))
     duration = summary.finished_at - summary.started_at
     tally = " · ".join(f"{n} {_LABEL[v].lower()}" for v, n in counts.items() if n)
+    meaning = {Verdict.PASS: "pass: no run failed", Verdict.FLAKY: "flaky: some runs failed",
+               Verdict.FAIL: "fail: every run failed", Verdict.NOT_RUN: "not run"}
     legend = "".join(
-        f'<span><span class="sw" style="background:var(--{k}-bg);border:1px solid var(--{k})"></span>{e(t)}</span>'
-        for k, t in (("pass", "pass: no run failed"), ("flaky", "flaky: some runs failed"),
-                     ("fail", "fail: every run failed"), ("notrun", "not run"))
+        f'<span><span class="sw" style="background:var(--{_CLASS[v]}-bg);border:1px solid var(--{_CLASS[v]})"></span>'
+        f"{e(t)}</span>"
+        for v, t in meaning.items()
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -37,9 +37,6 @@ from bench.core.records import Devices, Fingerprint, ServerOutcome
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import Stopped, StopToken
 from bench.serve.fingerprint import fingerprint
-from bench.serve.launchers import LauncherUnavailable
-
-__all__ = ["LauncherUnavailable", "Stopped"]
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
