@@ -22,12 +22,13 @@ from bench.core.records import RunRecord, TokenDiff
 from bench.core.redact import redactor_for
 from bench.core.slicing import github_matrix, parse_shard, slice_cells
 from bench.core.stats import detection_probability, percent_range, repeats_needed, wilson_interval
+from bench.core.tokens import Comparator, comparator_for
 from bench.report.summary import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.serve.platforms import host_facts, select
 from bench.store.merge import merge
-from bench.store.publish import load_side, regenerate
+from bench.store.publish import load_side, open_results, regenerate
 from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
 from bench.weights.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeError, audit_checkpoint, default_python
 from bench.weights.audit import render as render_audit
@@ -187,15 +188,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def _comparator(args: argparse.Namespace, config_of: Path) -> Comparator | None:
+    if args.compare_mode is None:
+        return None
+    k = args.top_k if args.top_k is not None else open_results(config_of).config().comparison.top_k
+    return comparator_for(args.compare_mode, k)
+
+
+def _compare_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--compare-mode", choices=["exact", "logprobs"], help=what)
+    parser.add_argument("--top-k", type=int, choices=range(1, 21), metavar="K",
+                        help="with --compare-mode logprobs: how many alternatives count (default: the config's)")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    summary = regenerate(Path(args.dir))
+    summary = regenerate(Path(args.dir), _comparator(args, Path(args.dir)))
     out.print(table(summary))
     return summary.exit_code
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    a, b = load_side(Path(args.a)), load_side(Path(args.b))
-    result = compare(a, b, ignore=frozenset(args.match_ignore))
+    chosen = _comparator(args, Path(args.a))
+    if chosen is None:  # the reference run's own rule
+        rule = open_results(Path(args.a)).config().comparison
+        chosen = comparator_for(rule.mode, args.top_k or rule.top_k)
+    a, b = load_side(Path(args.a), chosen), load_side(Path(args.b), chosen)
+    result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=chosen)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
@@ -318,6 +336,7 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", help="regenerate summary.json, summary.md, junit.xml and report.html from a results folder")
     report.add_argument("dir")
+    _compare_flags(report, "judge outputs by this rule instead of the run's config's `comparison`")
     report.set_defaults(func=cmd_report)
     cmp = sub.add_parser(
         "compare", help="compare two results folders (e.g. image tag N-1 and N); exit 1 on a regression",
@@ -329,7 +348,8 @@ def parser() -> argparse.ArgumentParser:
             "automatically and cells are matched by model, load format and platform; --match-ignore\n"
             "names the axes to leave out explicitly. A key matching two cells of one run is an error.\n\n"
             "Reports verdict changes, new failure reasons, output divergence per prompt (first\n"
-            "differing token of each cell's first clean run) and fingerprint changes (vLLM,\n"
+            "differing token of each cell's first clean run, by --compare-mode) and fingerprint\n"
+            "changes (vLLM,\n"
             "runai-model-streamer, torch, ... and image digest).\n\n"
             "Exit 1 on a regression: a matched cell that passed in A and fails or is flaky in B, or\n"
             "that shows failure reasons in B it did not show in A. Exit 0 otherwise (cells only in\n"
@@ -341,6 +361,7 @@ def parser() -> argparse.ArgumentParser:
     cmp.add_argument("--match-ignore", action="append", choices=AXES, default=[], metavar="AXIS",
                      help=f"match cells without this axis ({', '.join(AXES)}); repeatable")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    _compare_flags(cmp, "compare outputs by this rule (default: run A's config's `comparison`)")
     cmp.set_defaults(func=cmd_compare)
     insp = sub.add_parser("inspect", help="read a checkpoint's safetensors headers: shards, index, dtypes, #157 risk")
     insp.add_argument("ckpt", help="checkpoint directory")

@@ -29,8 +29,9 @@ from bench.core.matrix import Cell
 from bench.core.records import Devices, RequestRecord, RunRecord, Summary, TokenDiff
 from bench.core.stats import verdict_settled
 from bench.core.stop import Stopped, StopToken
+from bench.core.tokens import comparator_for
 from bench.report.summary import summarize
-from bench.serve.client import run_workload
+from bench.serve.client import run_workload, score_reference
 from bench.serve.launch import BootError, Launcher
 from bench.serve.launchers import open_launcher
 from bench.serve.slots import SlotPool
@@ -57,7 +58,7 @@ class NoProgress:
     def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None: ...
 
 
-def run_divergence(cell: Cell, record: RunRecord, results: ResultsDir) -> list[TokenDiff] | None:
+def run_divergence(config: Config, cell: Cell, record: RunRecord, results: ResultsDir) -> list[TokenDiff] | None:
     """The run's divergence from its baseline as far as it is known now (see Progress.run_done)."""
     if cell.baseline_id is None or record.interrupted:
         return []
@@ -67,8 +68,9 @@ def run_divergence(cell: Cell, record: RunRecord, results: ResultsDir) -> list[T
     if not reference:
         return None
     mine = [q for q in requests if q.cell_id == cell.id and q.repeat == record.repeat]
+    cmp = comparator_for(config.comparison.mode, config.comparison.top_k)
     return [TokenDiff(prompt_id=f.prompt_id or "", repeat=repeat, position=pos)
-            for repeat, pos, f in divergence(mine, reference)]
+            for repeat, pos, f in divergence(mine, reference, cmp)]
 
 
 async def _until_stopped(work: Awaitable[T], stop: StopToken) -> T:
@@ -95,7 +97,10 @@ def run_one(
     server = launcher.server(cell, repeat, run_dir, devices, stop)
     requests: list[RequestRecord] = []
     requests_s = None
+    reference = None
     interrupted = False
+    probe = config.reference_text
+    top_k = config.comparison.top_k if config.comparison.mode == "logprobs" else None
     try:
         status(f"{cell.id} #{repeat}: booting")
         with server:
@@ -103,10 +108,13 @@ def run_one(
             t0 = time.monotonic()
             requests = asyncio.run(_until_stopped(
                 run_workload(server.base_url, cell.model.served, config.workload,
-                             cell_id=cell.id, repeat=repeat, on_record=results.add_request),
+                             cell_id=cell.id, repeat=repeat, top_k=top_k, on_record=results.add_request),
                 stop,
             ))
             requests_s = time.monotonic() - t0
+            if probe.enabled:
+                reference = asyncio.run(_until_stopped(score_reference(
+                    server.base_url, cell.model.served, probe.passage, config.workload.request_timeout_s), stop))
             status(f"{cell.id} #{repeat}: stopping")
     except BootError:
         pass  # the outcome says how; judged below like any other run
@@ -120,11 +128,11 @@ def run_one(
         findings = []
         if not interrupted:
             shutdown = read_log(log, outcome.stop_requested_at_byte or 0) if outcome.boot_s is not None else ""
-            findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log))
+            findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log), reference, probe)
         record = RunRecord(
             cell_id=cell.id, repeat=repeat,
             server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
-            requests_s=requests_s, findings=findings, interrupted=interrupted,
+            requests_s=requests_s, reference=reference, findings=findings, interrupted=interrupted,
         )
         results.add_run(record)
     return record
@@ -253,7 +261,7 @@ class Workers:
                 if record is None:
                     continue
                 self.schedule.record(record)
-                diverged = run_divergence(job[0], record, self.results)
+                diverged = run_divergence(self.config, job[0], record, self.results)
                 with self.reporting:
                     self.progress.run_done(record, diverged)
         except BaseException as exc:

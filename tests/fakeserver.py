@@ -11,12 +11,51 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def completion_body(text: str, ids: list[int], chat: bool) -> dict:
+def logprobs_body(ids: list[int], pieces: list[str], chat: bool, k: int, offset: int = 0) -> dict:
+    """Logprobs in the shapes vLLM 0.32 answers with return_tokens_as_token_ids (recorded from
+    a real server): the generated token ranks first at -0.25, alternatives id+1000.. below it.
+    Chat `bytes` are the token's own; the alternatives' spell "token_id:N"."""
+
+    def top(tok: int) -> list[tuple[str, float]]:
+        return [(f"token_id:{tok}", -0.25)] + [(f"token_id:{tok + 1000 + j}", -2.0 - j) for j in range(k - 1)]
+
+    if chat:
+        return {"content": [
+            {"token": f"token_id:{t}", "logprob": -0.25, "bytes": list(piece.encode()),
+             "top_logprobs": [{"token": n, "logprob": lp, "bytes": list(n.encode())} for n, lp in top(t)]}
+            for t, piece in zip(ids, pieces, strict=True)]}
+    return {"text_offset": [offset + 13 * i for i in range(len(ids))], "token_logprobs": [-0.25] * len(ids),
+            "tokens": [f"token_id:{t}" for t in ids], "top_logprobs": [dict(top(t)) for t in ids]}
+
+
+def wanted_k(body: dict, chat: bool) -> int | None:
+    if chat:
+        return body.get("top_logprobs") if body.get("logprobs") else None
+    return body.get("logprobs")
+
+
+def echo_body(prompt: str, logprob: float) -> dict:
+    """A completions answer with `echo`: the prompt's tokens (one per word here) scored at
+    `logprob` each, the first without context (null), then one generated token."""
+    words = prompt.split()
+    return {
+        "id": "x", "object": "text_completion", "created": 0, "model": "tiny",
+        "choices": [{"index": 0, "text": prompt + " w", "finish_reason": "length", "logprobs": {
+            "text_offset": list(range(len(words) + 1)), "token_logprobs": [None] + [logprob] * len(words),
+            "tokens": [*words, " w"], "top_logprobs": [None] + [{"x": logprob}] * len(words)}}],
+        "usage": {"prompt_tokens": len(words), "completion_tokens": 1, "total_tokens": len(words) + 1},
+    }
+
+
+def completion_body(text: str, ids: list[int], chat: bool, k: int | None = None) -> dict:
     choice = {"index": 0, "finish_reason": "length", "token_ids": ids}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
+    if k is not None:
+        pieces = [text[i : i + 1] for i in range(len(ids))]
+        choice["logprobs"] = logprobs_body(ids, pieces, chat, k)
     return {
         "id": "x", "object": "chat.completion" if chat else "text_completion", "created": 0, "model": "tiny",
         "choices": [choice],
@@ -26,11 +65,14 @@ def completion_body(text: str, ids: list[int], chat: bool) -> dict:
 
 class FakeServer:
     """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, http500,
-    http503, badjson, truncated, hang."""
+    http503, badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
+    reference-text probe) is scored at `reference_logprob` per token."""
 
-    def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0, on_request=None):
+    def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0, on_request=None,
+                 reference_logprob: float = -3.0):
         """`on_request()` is called as each request arrives, before it is answered (or not)."""
         self.mode = mode
+        self.reference_logprob = reference_logprob
         self.on_request = on_request
         self.tokens = tokens
         self.requests: list[dict] = []
@@ -82,8 +124,11 @@ class FakeServer:
         if self.mode == "hang":
             time.sleep(30)
             return
+        if body.get("echo"):
+            return h._send(200, json.dumps(echo_body(body["prompt"], self.reference_logprob)).encode())
+        k = wanted_k(body, chat)
         if not body.get("stream"):
-            return h._send(200, json.dumps(completion_body(text, ids, chat)).encode())
+            return h._send(200, json.dumps(completion_body(text, ids, chat, k)).encode())
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.end_headers()
@@ -92,6 +137,8 @@ class FakeServer:
                 return  # connection closes mid-stream, no [DONE]
             part = text[i : i + 1]
             choice = {"index": 0, "finish_reason": "length" if i == len(ids) - 1 else None, "token_ids": [tok]}
+            if k is not None:
+                choice["logprobs"] = logprobs_body([tok], [part], chat, k, offset=13 * i)
             if chat:
                 choice["delta"] = {"content": part}
             else:

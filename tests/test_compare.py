@@ -33,7 +33,7 @@ def test_two_healthy_runs_are_exit_0(tmp_path, capsys):
     assert main(["compare", str(a.path), str(b.path)]) == 0
     out = capsys.readouterr().out
     assert "REGRESSION" not in out and "0 regressions in 2 matched cells" in out
-    assert "outputs identical (2 prompts, first clean runs)" in out
+    assert "outputs the same (2 prompts, first clean runs)" in out
     assert "environment: no fingerprint change" in out
 
 
@@ -97,7 +97,7 @@ def test_output_divergence_per_prompt_is_reported(tmp_path):
     assert not result.regressions  # numerics may change with an image; the verdicts did not
     outputs = {(c.a_id, o.prompt_id): (o.status, o.position) for c in result.cells for o in c.outputs}
     assert outputs[(CELL, "code")] == ("differs", 5)
-    assert outputs[(CELL, "prose")] == ("identical", None)
+    assert outputs[(CELL, "prose")] == ("same", None)
 
 
 def test_a_failing_run_has_no_clean_output_to_compare(tmp_path):

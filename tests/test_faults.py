@@ -30,7 +30,7 @@ FAKEPROC = Path(__file__).parent / "fakeproc.py"
 RUN_ID = "r"
 
 
-def matrix(tmp_path: Path, prompts: int = 2, **workload) -> Path:
+def matrix(tmp_path: Path, prompts: int = 2, top: dict | None = None, **workload) -> Path:
     data = {
         "name": "faults",
         "models": [{"name": "m", "path": str(tmp_path)}],
@@ -43,6 +43,7 @@ def matrix(tmp_path: Path, prompts: int = 2, **workload) -> Path:
         },
         "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
         "preflight": False,
+        **(top or {}),
     }
     path = tmp_path / "matrix.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -130,8 +131,8 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     filler = results / "filler"
     filler.write_bytes(b"\0" * (512 * 1024 - 24 * 1024))  # ~24 KiB left
     count = tmp_path / "answered"
-    # 40 answers of 128 token ids each: about 1.2 KB per record, more than is left.
-    config = matrix(tmp_path, prompts=40)
+    # 40 answers of 128 token ids each (no logprobs): about 1.2 KB per record, more than is left.
+    config = matrix(tmp_path, prompts=40, top={"comparison": {"mode": "exact"}})
     env = {"FAKE_VLLM_COUNT": str(count)}
     p = regbench("run", str(config), "--results", str(results), "--run-id", RUN_ID, env=env)
     assert p.returncode == 3, p.stdout + p.stderr

@@ -6,9 +6,9 @@ import pytest
 
 from bench.core.config import parse_config
 from bench.core.judge import (
+    Baseline,
     Reason,
     exit_time_episodes,
-    first_divergence,
     judge_cell,
     judge_request,
     judge_server,
@@ -17,6 +17,7 @@ from bench.core.judge import (
 )
 from bench.core.matrix import expand
 from bench.core.records import ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.core.tokens import EXACT, Output
 
 DATA = Path(__file__).parent / "data"
 
@@ -150,7 +151,7 @@ def test_death_while_serving():
     "ids, ref, pos", [([1, 2, 3], [1, 2, 3], None), ([0, 0], [1, 2], 0), ([1, 2, 4], [1, 2, 3], 2), ([1, 2], [1, 2, 3], 2)]
 )
 def test_first_divergence(ids, ref, pos):
-    assert first_divergence(ids, ref) == pos
+    assert EXACT.first_difference(Output(ids=ids), Output(ids=ref)) == pos
 
 
 def run(repeat: int, findings=(), interrupted=False) -> RunRecord:
@@ -162,8 +163,8 @@ def test_cell_verdicts_and_divergence_from_baseline(minimal):
     base_cell, cell = cells
     base_runs = [run(1, [Finding(reason="exit_code", detail="x")]), run(2)]
     base_reqs = [req(repeat=1, token_ids=[9] * 128), req(repeat=2, token_ids=list(range(128)))]
-    reference = reference_outputs(base_runs, base_reqs)
-    assert reference == {"p": list(range(128))}  # from the first clean run only
+    reference = Baseline(outputs=reference_outputs(base_runs, base_reqs))
+    assert reference.outputs == {"p": Output(ids=list(range(128)))}  # from the first clean run only
 
     same = judge_cell(cell, [run(1), run(2)], [req(repeat=1), req(repeat=2)], reference)
     assert (same.verdict, same.failures, same.runs) == ("pass", 0, 2)
@@ -233,10 +234,10 @@ def test_findings_carry_evidence_a_program_can_read(workload):
 def test_divergence_evidence_has_both_tokens_at_the_first_difference():
     from bench.core.judge import divergence
 
-    ((repeat, pos, f),) = divergence([req(token_ids=[1, 2, 9, 4])], {"p": [1, 2, 3, 4]})
+    ((repeat, pos, f),) = divergence([req(token_ids=[1, 2, 9, 4])], {"p": Output(ids=[1, 2, 3, 4])})
     assert (repeat, pos) == (1, 2)
     assert (f.evidence.position, f.evidence.token, f.evidence.baseline_token) == (2, 9, 3)
-    ((_, pos, f),) = divergence([req(token_ids=[1, 2])], {"p": [1, 2, 3]})  # ended early
+    ((_, pos, f),) = divergence([req(token_ids=[1, 2])], {"p": Output(ids=[1, 2, 3])})  # ended early
     assert pos == 2 and (f.evidence.token, f.evidence.baseline_token) == (None, 3)
 
 

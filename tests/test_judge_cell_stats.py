@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from bench.core.config import parse_config
-from bench.core.judge import judge_cell
+from bench.core.judge import Baseline, judge_cell
 from bench.core.matrix import expand
 from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.core.tokens import Output
 
 IDS = list(range(128))
 
@@ -43,7 +44,7 @@ def test_counts_interval_and_per_run_results(cells):
 
 def test_divergence_from_the_baseline_is_in_the_run_results(cells):
     cell = cells[1]
-    s = judge_cell(cell, [run(1), run(2)], [req(1), req(2, ids=IDS[:10] + [9] * 118)], {"p": IDS})
+    s = judge_cell(cell, [run(1), run(2)], [req(1), req(2, ids=IDS[:10] + [9] * 118)], Baseline(outputs={"p": Output(ids=IDS)}))
     (r1, r2) = s.run_results
     assert r1.reasons == [] and r2.reasons == ["divergence"]
     assert [(d.prompt_id, d.position) for d in r2.divergence] == [("p", 10)]

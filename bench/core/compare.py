@@ -9,8 +9,9 @@ A *regression* is a matched cell that passed in A and fails or is flaky in B, or
 failure reason in B it did not show in A (when A judged any run). Cells only in one run are
 listed but are no regression: there is nothing to compare them with.
 
-Output divergence compares, per prompt, the token ids of each cell's first clean run. It is
-reported, not a regression by itself: a new torch or kernel may legitimately change numerics.
+Output divergence compares, per prompt, the outputs of each cell's first clean run, with the
+comparator given (bench.core.tokens; `logprobs` tolerates a token in the other side's top k). It
+is reported, not a regression by itself: a new torch or kernel may legitimately change numerics.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bench.core.config import ConfigError
 from bench.core.judge import reference_outputs
 from bench.core.records import CellSummary, Fingerprint, RequestRecord, RunRecord
 from bench.core.stats import rate_text
-from bench.core.tokens import EXACT, Comparator
+from bench.core.tokens import EXACT, Comparator, Output
 from bench.core.verdicts import Verdict
 
 AXES = ("model", "load_format", "platform", "image")
@@ -39,7 +40,7 @@ class Side(_Record):
 
     name: str
     cells: list[CellSummary]
-    outputs: dict[str, dict[str, list[int]]]  # cell id -> prompt id -> first clean run's token ids
+    outputs: dict[str, dict[str, Output]]  # cell id -> prompt id -> first clean run's output
     fingerprints: list[Fingerprint]
 
 
@@ -64,7 +65,7 @@ def side_from_records(
 
 class PromptOutput(_Record):
     prompt_id: str
-    status: Literal["identical", "differs", "no clean run in A", "no clean run in B", "only in A", "only in B"]
+    status: Literal["same", "differs", "no clean run in A", "no clean run in B", "only in A", "only in B"]
     position: int | None = None  # first differing token when status is "differs"
 
 
@@ -97,6 +98,7 @@ class FingerprintChange(_Record):
 class Comparison(_Record):
     a_name: str
     b_name: str
+    comparator: str = "exact"  # the rule outputs were compared by
     ignored_axes: list[str]
     auto_ignored: bool  # the image axis was ignored because no cell id was common
     cells: list[CellChange]
@@ -133,7 +135,7 @@ def _label(a: CellSummary, b: CellSummary) -> str:
     return "__".join(parts)
 
 
-def _outputs(a: dict[str, list[int]], b: dict[str, list[int]], comparator: Comparator) -> list[PromptOutput]:
+def _outputs(a: dict[str, Output], b: dict[str, Output], comparator: Comparator) -> list[PromptOutput]:
     out = []
     for prompt in sorted(a.keys() | b.keys()):
         ia, ib = a.get(prompt), b.get(prompt)
@@ -143,12 +145,12 @@ def _outputs(a: dict[str, list[int]], b: dict[str, list[int]], comparator: Compa
             out.append(PromptOutput(prompt_id=prompt, status="only in A" if b else "no clean run in B"))
         else:
             pos = comparator.first_difference(ib, ia)
-            out.append(PromptOutput(prompt_id=prompt, status="identical" if pos is None else "differs", position=pos))
+            out.append(PromptOutput(prompt_id=prompt, status="same" if pos is None else "differs", position=pos))
     return out
 
 
 def _cell_change(
-    a: CellSummary, b: CellSummary, out_a: dict[str, list[int]], out_b: dict[str, list[int]], comparator: Comparator,
+    a: CellSummary, b: CellSummary, out_a: dict[str, Output], out_b: dict[str, Output], comparator: Comparator,
 ) -> CellChange:
     new = sorted(set(b.reasons) - set(a.reasons)) if a.runs else []
     why = []
@@ -211,7 +213,8 @@ def compare(
     ]
     pairs = list(dict.fromkeys((index_a[k].image, index_b[k].image) for k in matched))
     return Comparison(
-        a_name=a.name, b_name=b.name, ignored_axes=sorted(ignore), auto_ignored=auto, cells=changes,
+        a_name=a.name, b_name=b.name, comparator=comparator.name, ignored_axes=sorted(ignore), auto_ignored=auto,
+        cells=changes,
         only_a=[c.cell_id for k, c in index_a.items() if k not in index_b],
         only_b=[c.cell_id for k, c in index_b.items() if k not in index_a],
         fingerprint_changes=_fingerprint_changes(a, b, pairs),
@@ -222,16 +225,16 @@ def _outputs_line(outputs: list[PromptOutput]) -> str:
     if not outputs:
         return "outputs: no clean run on either side to compare"
     statuses = {o.status for o in outputs}
-    if statuses == {"identical"}:
-        return f"outputs identical ({len(outputs)} prompts, first clean runs)"
+    if statuses == {"same"}:
+        return f"outputs the same ({len(outputs)} prompts, first clean runs)"
     if len(statuses) == 1 and statuses != {"differs"}:
         return f"outputs: {statuses.pop()} to compare ({len(outputs)} prompts)"
     parts = [
         f"{o.prompt_id} differs at token {o.position}" if o.status == "differs" else f"{o.prompt_id} {o.status}"
-        for o in outputs if o.status != "identical"
+        for o in outputs if o.status != "same"
     ]
-    same = sum(1 for o in outputs if o.status == "identical")
-    return "outputs: " + "; ".join(parts) + (f"; {same} identical" if same else "")
+    same = sum(1 for o in outputs if o.status == "same")
+    return "outputs: " + "; ".join(parts) + (f"; {same} the same" if same else "")
 
 
 def format_comparison(c: Comparison) -> list[str]:
@@ -243,6 +246,7 @@ def format_comparison(c: Comparison) -> list[str]:
         lines.append(f"cells matched by {by}, {', '.join(c.ignored_axes)} ignored{why}")
     else:
         lines.append("cells matched by cell id")
+    lines.append(f"outputs compared by {c.comparator}")
     lines.append("")
     order = sorted(c.cells, key=lambda x: (not x.regression, not x.improvement))
     for cell in order:

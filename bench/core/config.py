@@ -121,6 +121,68 @@ class CellFilter(Strict):
         return self
 
 
+class BaselineRule(Strict):
+    """Which cell each cell is compared with token by token: the cell with these axes set to these
+    values and its other axes its own. `baseline: safetensors` is short for
+    `{load_format: safetensors}`; `{image: vllm-0.32.0}` compares every image with that one (a
+    release against the previous), `{model: m-bf16}` a checkpoint variant with another. The cells
+    the rule maps onto themselves are the baselines."""
+
+    model: Name | None = None
+    load_format: Name | None = None
+    platform: Name | None = None
+    image: Name | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> BaselineRule:
+        if not self.axes():
+            raise ValueError("a baseline must name at least one axis")
+        return self
+
+    def axes(self) -> dict[str, str]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class Comparison(Strict):
+    """How outputs are compared for divergence and nondeterminism (bench.core.tokens).
+
+    The default, `logprobs` with k = 5, is what a GPU user wants: bf16 kernels, batching and
+    another release legitimately change a token here and there (vLLM promises no bit-identical
+    outputs), and its own model tests accept a difference when each side's token is in the
+    other's top 5. `exact` is right only where the numerics are bit-reproducible (float32 on
+    CPU). Both catch a server that lost its weights."""
+
+    mode: Literal["exact", "logprobs"] = "logprobs"
+    top_k: int = Field(default=5, ge=1, le=20)  # vLLM serves at most 20 logprobs by default
+
+
+# Written here for regbench: plain English prose, so that any model trained on English text
+# finds it likely. Not from any dataset.
+DEFAULT_PASSAGE = (
+    "The town library opens at nine in the morning and closes at six in the evening. "
+    "On weekdays, children come after school to read books and do their homework, while older "
+    "visitors sit by the windows with newspapers. Every Saturday, a volunteer reads stories aloud "
+    "to the youngest readers, and the room is full of laughter. The librarian knows most visitors "
+    "by name and is always happy to help them find what they are looking for."
+)
+
+
+class ReferenceText(Strict):
+    """The reference-text probe: after the workload, each run scores a fixed passage (its prompt
+    logprobs) as mean negative log-likelihood per token, in nats. A trained model scores a few
+    nats on plain English (SmolLM2-135M: 3.1); one without its weights scores near ln(vocab)
+    (10.8 for a 49,152-token vocabulary) or not a number at all. No baseline needed for the
+    ceiling; against the baseline cell's score the tolerance catches smaller losses."""
+
+    enabled: bool = True
+    passage: str = Field(default=DEFAULT_PASSAGE, min_length=20)
+    # Far above any trained model on plain English, far below a model without weights. A random
+    # test model (like the tiny canary) scores near ln(vocab): turn the ceiling off for it.
+    max_mean_nll: float | None = Field(default=6.0, gt=0)
+    # Healthy numerics (bf16 vs float32, batching, releases) moved it by < 0.01 here.
+    tolerance: float = Field(default=0.5, ge=0)
+
+
 class Message(Strict):
     role: Literal["system", "user", "assistant"]
     content: str
@@ -302,7 +364,9 @@ class Config(Strict):
     repeats: int | Literal["auto"] = Field(default=1)
     detect: Detect | None = None
     early_stop: bool = False  # stop repeating a cell once its verdict can no longer change
-    baseline: Name | None = None
+    baseline: Name | BaselineRule | None = None  # a load format's name, or a rule
+    comparison: Comparison = Comparison()
+    reference_text: ReferenceText = ReferenceText()
     include: list[CellFilter] = []
     exclude: list[CellFilter] = []
     workload: Workload
@@ -345,8 +409,6 @@ class Config(Strict):
         _unique_names(self.images, "image")
         if len(self.platforms) != len(set(self.platforms)):
             raise ValueError("duplicate platform names")
-        if self.baseline is not None and self.baseline not in {f.name for f in self.load_formats}:
-            raise ValueError(f"baseline {self.baseline!r} is not one of the load formats")
         axes = {
             "model": {m.name for m in self.models},
             "load_format": {f.name for f in self.load_formats},
@@ -358,7 +420,18 @@ class Config(Strict):
                 value = getattr(rule, axis)
                 if value is not None and value not in known:
                     raise ValueError(f"filter names unknown {axis} {value!r}")
+        if (baseline := self.baseline_rule) is not None:
+            for axis, value in baseline.axes().items():
+                if value not in axes[axis]:
+                    what = "one of the load formats" if axis == "load_format" else f"a known {axis}"
+                    raise ValueError(f"baseline {value!r} is not {what}")
         return self
+
+    @property
+    def baseline_rule(self) -> BaselineRule | None:
+        if isinstance(self.baseline, str):
+            return BaselineRule(load_format=self.baseline)
+        return self.baseline
 
 
 def _format_error(err: ErrorDetails) -> str:

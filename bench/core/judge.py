@@ -9,13 +9,15 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
-from bench.core.config import Workload
+from bench.core.config import ReferenceText, Workload
 from bench.core.matrix import Cell
 from bench.core.records import (
     CellSummary,
     ErrorKind,
     PreflightRecord,
+    ReferenceScore,
     RequestRecord,
     RunRecord,
     RunResult,
@@ -23,13 +25,14 @@ from bench.core.records import (
     TokenDiff,
 )
 from bench.core.stats import verdict, wilson_interval
-from bench.core.tokens import EXACT, Comparator
+from bench.core.tokens import EXACT, Comparator, Output, rank_in
 from bench.core.verdicts import (
     EmptyText,
     ExitEpisode,
     ExpectationMissed,
     Finding,
     Reason,
+    ReferenceLikelihood,
     RepeatedToken,
     RequestFailed,
     ServerExit,
@@ -171,47 +174,103 @@ def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> li
     return out
 
 
+def judge_reference(score: ReferenceScore | None, probe: ReferenceText) -> list[Finding]:
+    """The reference-text probe against its absolute ceiling (no baseline needed)."""
+    if score is None or not probe.enabled:
+        return []
+
+    def finding(**extra) -> list[Finding]:
+        return [Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(
+            mean_nll=score.mean_nll, tokens=score.tokens, error=score.error, **extra))]
+
+    if score.error is not None or score.mean_nll is None:
+        return finding()
+    if probe.max_mean_nll is not None and score.mean_nll > probe.max_mean_nll:
+        return finding(max_mean_nll=probe.max_mean_nll)
+    return []
+
+
 def judge_run(
-    outcome: ServerOutcome, requests: Iterable[RequestRecord], workload: Workload, shutdown_log: str, log_tail: str
+    outcome: ServerOutcome, requests: Iterable[RequestRecord], workload: Workload, shutdown_log: str, log_tail: str,
+    reference: ReferenceScore | None = None, probe: ReferenceText | None = None,
 ) -> list[Finding]:
     findings = judge_server(outcome, shutdown_log, log_tail)
     for req in sorted(requests, key=lambda r: r.prompt_id):
         findings.extend(judge_request(req, workload))
+    if probe is not None:
+        findings.extend(judge_reference(reference, probe))
     return findings
 
 
-def first_divergence(ids: list[int], reference: list[int], comparator: Comparator = EXACT) -> int | None:
-    """Index of the first differing token, or None if the comparator takes them as the same."""
-    return comparator.first_difference(ids, reference)
+@dataclass(frozen=True)
+class Baseline:
+    """What a cell is compared with: its baseline cell's first clean run."""
+
+    outputs: dict[str, Output] = field(default_factory=dict)  # per prompt
+    mean_nll: float | None = None  # its reference-text score
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs) or self.mean_nll is not None
 
 
-def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord]) -> dict[str, list[int]]:
-    """Per prompt, the token ids of the first clean run of a baseline cell."""
+def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord]) -> dict[str, Output]:
+    """Per prompt, the output of the first clean run of a baseline cell."""
     clean = {r.repeat for r in runs if not r.failed and not r.interrupted}
-    ref: dict[str, list[int]] = {}
+    ref: dict[str, Output] = {}
     for req in sorted(requests, key=lambda r: r.repeat):
-        if req.repeat in clean and req.token_ids is not None:
-            ref.setdefault(req.prompt_id, req.token_ids)
+        out = req.output
+        if req.repeat in clean and out is not None:
+            ref.setdefault(req.prompt_id, out)
     return ref
 
 
-def _token_at(ids: list[int], i: int) -> int | None:
-    return ids[i] if i < len(ids) else None
+def baseline_of(runs: list[RunRecord], requests: list[RequestRecord]) -> Baseline:
+    clean = sorted((r for r in runs if not r.failed and not r.interrupted), key=lambda r: r.repeat)
+    nll = next((r.reference.mean_nll for r in clean if r.reference is not None and r.reference.mean_nll is not None), None)
+    return Baseline(outputs=reference_outputs(runs, requests), mean_nll=nll)
+
+
+def _divergence_evidence(out: Output, ref: Output, pos: int, comparator: Comparator) -> TokenDivergence:
+    mine = out.ids[pos] if pos < len(out.ids) else None
+    theirs = ref.ids[pos] if pos < len(ref.ids) else None
+    a, b = out.at(pos), ref.at(pos)
+    k = getattr(comparator, "k", None)
+    return TokenDivergence(
+        position=pos, token=mine, baseline_token=theirs, comparator=comparator.name,
+        token_text=a.text if a else None, baseline_text=b.text if b else None,
+        token_logprob=a.logprob if a else None, baseline_logprob=b.logprob if b else None,
+        token_rank_in_baseline=rank_in(mine, b, k) if k else None,
+        baseline_rank_in_run=rank_in(theirs, a, k) if k else None,
+    )
 
 
 def divergence(
-    requests: Iterable[RequestRecord], reference: dict[str, list[int]], comparator: Comparator = EXACT,
+    requests: Iterable[RequestRecord], reference: dict[str, Output], comparator: Comparator = EXACT,
 ) -> list[tuple[int, int, Finding]]:
-    """(repeat, position, finding) for every request whose token ids differ from the baseline's."""
+    """(repeat, position, finding) for every request whose output differs from the baseline's."""
     out = []
     for req in requests:
-        ref = reference.get(req.prompt_id)
-        if ref is None or req.token_ids is None:
+        ref, mine = reference.get(req.prompt_id), req.output
+        if ref is None or mine is None:
             continue
-        pos = comparator.first_difference(req.token_ids, ref)
+        pos = comparator.first_difference(mine, ref)
         if pos is not None:
-            evidence = TokenDivergence(position=pos, token=_token_at(req.token_ids, pos), baseline_token=_token_at(ref, pos))
+            evidence = _divergence_evidence(mine, ref, pos, comparator)
             out.append((req.repeat, pos, Finding(reason=Reason.DIVERGENCE, evidence=evidence, prompt_id=req.prompt_id)))
+    return out
+
+
+def reference_drift(runs: list[RunRecord], baseline_nll: float | None, probe: ReferenceText) -> list[tuple[int, Finding]]:
+    """(repeat, finding) for every run whose reference-text score rose beyond the tolerance over
+    the baseline's."""
+    if baseline_nll is None or not probe.enabled:
+        return []
+    out = []
+    for r in runs:
+        score = r.reference
+        if score is not None and score.mean_nll is not None and score.mean_nll - baseline_nll > probe.tolerance:
+            out.append((r.repeat, Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(
+                mean_nll=score.mean_nll, tokens=score.tokens, baseline_nll=baseline_nll, tolerance=probe.tolerance))))
     return out
 
 
@@ -219,19 +278,23 @@ def judge_cell(
     cell: Cell,
     runs: list[RunRecord],
     requests: list[RequestRecord],
-    reference: dict[str, list[int]] | None,
+    baseline: Baseline | None,
     comparator: Comparator = EXACT,
+    probe: ReferenceText | None = None,
 ) -> CellSummary:
     judged = sorted((r for r in runs if not r.interrupted), key=lambda r: r.repeat)
     per_run: dict[int, list[Finding]] = {r.repeat: list(r.findings) for r in judged}
     judged_requests = sorted((q for q in requests if q.repeat in per_run), key=lambda q: q.repeat)
     positions: list[int] = []
     diverged: dict[int, list[TokenDiff]] = {}
-    if reference:
-        for repeat, pos, f in divergence(judged_requests, reference, comparator):
+    if baseline:
+        for repeat, pos, f in divergence(judged_requests, baseline.outputs, comparator):
             per_run[repeat].append(f)
             positions.append(pos)
             diverged.setdefault(repeat, []).append(TokenDiff(prompt_id=f.prompt_id, repeat=repeat, position=pos))
+        if probe is not None:
+            for repeat, f in reference_drift(judged, baseline.mean_nll, probe):
+                per_run[repeat].append(f)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
     failures = sum(1 for rs in run_reasons.values() if rs)
     reasons = Counter(reason for rs in run_reasons.values() for reason in rs)
@@ -249,9 +312,10 @@ def judge_cell(
     nondeterminism = []
     for q in with_ids:
         ref = own_ref[q.prompt_id]
-        if ref.repeat == q.repeat or ref.token_ids is None or q.token_ids is None:
+        mine, theirs = q.output, ref.output
+        if ref.repeat == q.repeat or mine is None or theirs is None:
             continue
-        differs_at = comparator.first_difference(q.token_ids, ref.token_ids)
+        differs_at = comparator.first_difference(mine, theirs)
         if differs_at is not None:
             nondeterminism.append(
                 TokenDiff(prompt_id=q.prompt_id, repeat=q.repeat, position=differs_at, reference_repeat=ref.repeat)

@@ -36,8 +36,10 @@ def _matches(rule: CellFilter, axes: dict[str, str]) -> bool:
 
 
 def expand(config: Config) -> list[Cell]:
-    """All cells, grouped by (model, platform, image) with the baseline first in its group."""
-    formats = sorted(config.load_formats, key=lambda f: f.name != config.baseline)
+    """All cells, grouped by (model, platform, image) with the baseline load format first in its
+    group; with a baseline rule over other axes, the baseline cells first of all."""
+    rule = config.baseline_rule.axes() if config.baseline_rule is not None else {}
+    formats = sorted(config.load_formats, key=lambda f: f.name != rule.get("load_format"))
     chosen: list[tuple[Model, LoadFormat, str, Image]] = []
     for model, platform, image, fmt in product(
         config.models, config.platforms, config.images, formats
@@ -54,20 +56,25 @@ def expand(config: Config) -> list[Cell]:
     ids = {cell_id(m.name, f.name, p, i.name) for m, f, p, i in chosen}
     cells = []
     for model, fmt, platform, image in chosen:
+        axes = {"model": model.name, "load_format": fmt.name, "platform": platform, "image": image.name}
+        own = cell_id(*axes.values())
+        is_baseline = bool(rule) and all(axes[k] == v for k, v in rule.items())
         baseline = None
-        if config.baseline is not None and fmt.name != config.baseline:
-            candidate = cell_id(model.name, config.baseline, platform, image.name)
+        if rule and not is_baseline:
+            candidate = cell_id(*{**axes, **rule}.values())
             baseline = candidate if candidate in ids else None
         cells.append(
             Cell(
-                id=cell_id(model.name, fmt.name, platform, image.name),
+                id=own,
                 model=model,
                 load_format=fmt,
                 platform=platform,
                 image=image,
                 repeats=config.repeat_count,
-                is_baseline=fmt.name == config.baseline,
+                is_baseline=is_baseline,
                 baseline_id=baseline,
             )
         )
+    if set(rule) - {"load_format"}:
+        cells.sort(key=lambda c: not c.is_baseline)  # stable: product order otherwise
     return cells

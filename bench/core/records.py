@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from bench.core.tokens import Output, TokenLogprobs
 from bench.core.verdicts import Finding, Reason, Verdict
 
 __all__ = ["Finding", "Reason", "Verdict"]  # the verdict types, where every record type is
@@ -40,7 +41,22 @@ class RequestRecord(Record):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
+    # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
+    logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
+    error: str | None = None
+
+    @property
+    def output(self) -> Output | None:
+        return None if self.token_ids is None else Output(ids=self.token_ids, logprobs=self.logprobs)
+
+
+class ReferenceScore(Record):
+    """The reference-text probe of one run: how likely the server finds a fixed passage, as the
+    mean negative log-likelihood per token of its prompt logprobs (nats; lower is likelier)."""
+
+    mean_nll: float | None = None  # None: not measured (error), or a logprob was not a number
+    tokens: int = 0  # passage tokens scored (all but the first, which has no context)
     error: str | None = None
 
 
@@ -80,6 +96,7 @@ class RunRecord(Record):
     repeat: int
     server: ServerOutcome
     requests_s: float | None = None
+    reference: ReferenceScore | None = None  # None: the probe is off (or the run never served)
     findings: list[Finding] = []
     interrupted: bool = False
 

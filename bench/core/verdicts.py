@@ -20,6 +20,13 @@ Per request (bench.core.judge.judge_request)
                          model's answer holds (contains / regex / one of): no baseline needed, and
                          it catches a model that lost part of its weights and talks fluently
 
+Per run: the reference-text probe (bench.core.judge.judge_reference)
+    reference_nll        the server found the config's fixed passage unlikely: its mean negative
+                         log-likelihood per token is above the ceiling (`max_mean_nll`), or not a
+                         number, or could not be measured; or (against the baseline cell's first
+                         clean run) it rose by more than the tolerance. The evidence has the
+                         score, the ceiling or the baseline's score and the tolerance
+
 Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the evidence has the log tail
@@ -41,8 +48,11 @@ Per cell, before and across its runs (bench.core.judge.apply_cell_checks)
 
 Per cell, against its baseline cell (bench.core.judge.divergence)
     divergence           token ids differ from the baseline cell's for the same prompt, as the
-                         comparator (bench.core.tokens) sees it; the evidence has the first
-                         differing position (0 = the very first token) and both tokens there
+                         comparator (bench.core.tokens: `exact`, or `logprobs` where a token in
+                         the other side's top k is no difference) sees it; the evidence has the
+                         first differing position (0 = the very first token), both tokens there
+                         (id, text where known, logprob) and each one's rank in the other
+                         side's top k
 
 Per cell over its repeats (bench.core.judge.judge_cell)
     Each repeat is a fresh server, because the failures this bench exists for happen at
@@ -78,6 +88,7 @@ class Reason(StrEnum):
     USAGE_TEXT_MISMATCH = "usage_text_mismatch"
     DEGENERATE = "degenerate"
     EXPECTATION_FAILED = "expectation_failed"
+    REFERENCE_NLL = "reference_nll"
     BOOT_FAILED = "boot_failed"
     BOOT_TIMEOUT = "boot_timeout"
     PORT_TAKEN = "port_taken"
@@ -216,9 +227,51 @@ class TokenDivergence(_Evidence):
     position: int  # first differing token, 0 = the very first; a length difference counts
     token: int | None = None  # the run's token there (None: its output ended first)
     baseline_token: int | None = None
+    comparator: str = "exact"  # the rule that judged it ("exact", "logprobs top-5")
+    token_text: str | None = None  # where the API told it
+    baseline_text: str | None = None
+    token_logprob: float | None = None
+    baseline_logprob: float | None = None
+    # Rank of each side's token in the other side's top k there (None: not among them, or no
+    # alternatives recorded).
+    token_rank_in_baseline: int | None = None
+    baseline_rank_in_run: int | None = None
 
     def text(self) -> str:
-        return f"differs from baseline at token {self.position}"
+        head = f"differs from baseline at token {self.position}"
+        if self.comparator == "exact" and self.token_logprob is None:
+            return head
+
+        def side(token: int | None, text: str | None, lp: float | None) -> str:
+            if token is None:
+                return "(ended)"
+            shown = f"{text!r} " if text is not None else ""
+            return f"{shown}(id {token}" + (f", logprob {lp:.2f})" if lp is not None else ")")
+
+        return (f"{head}: {side(self.token, self.token_text, self.token_logprob)} vs baseline "
+                f"{side(self.baseline_token, self.baseline_text, self.baseline_logprob)} ({self.comparator})")
+
+
+class ReferenceLikelihood(_Evidence):
+    """reference_nll."""
+
+    kind: Literal["reference"] = "reference"
+    mean_nll: float | None  # None: not a number, or not measured (then `error` says why)
+    tokens: int
+    max_mean_nll: float | None = None  # the ceiling it broke, when that is the finding
+    baseline_nll: float | None = None  # the baseline's score, when that comparison is the finding
+    tolerance: float | None = None
+    error: str | None = None
+
+    def text(self) -> str:
+        if self.error is not None:
+            return f"reference-text probe failed: {self.error}"
+        if self.mean_nll is None:
+            return f"reference text: a prompt logprob of its {self.tokens} tokens is not a number"
+        score = f"reference text: mean NLL {self.mean_nll:.3f} nats/token"
+        if self.baseline_nll is not None:
+            return f"{score}, baseline {self.baseline_nll:.3f} (tolerance {self.tolerance})"
+        return f"{score} > ceiling {self.max_mean_nll}"
 
 
 class Note(_Evidence):
@@ -233,7 +286,7 @@ class Note(_Evidence):
 
 Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | UsageMismatch | RepeatedToken | ExpectationMissed | ServerExit
-    | ExitEpisode | TokenDivergence | Note,
+    | ExitEpisode | TokenDivergence | ReferenceLikelihood | Note,
     Field(discriminator="kind"),
 ]
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from bench.core.config import Config
-from bench.core.judge import apply_cell_checks, judge_cell, reference_outputs
+from bench.core.config import Config, ReferenceText
+from bench.core.judge import Baseline, apply_cell_checks, baseline_of, judge_cell
 from bench.core.matrix import Cell
 from bench.core.records import (
     CellSummary,
@@ -21,6 +21,7 @@ from bench.core.records import (
     Summary,
 )
 from bench.core.stats import percent_range
+from bench.core.tokens import EXACT, Comparator, comparator_for
 from bench.core.verdicts import Verdict
 from bench.report.html import html_report
 from bench.report.junit import junit_xml
@@ -31,6 +32,8 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 def summarize_cells(
     cells: list[Cell], runs: list[RunRecord], requests: list[RequestRecord],
     preflights: Sequence[PreflightRecord] = (),
+    comparator: Comparator = EXACT,
+    probe: ReferenceText | None = None,
 ) -> list[CellSummary]:
     by_cell_runs: dict[str, list[RunRecord]] = {c.id: [] for c in cells}
     by_cell_reqs: dict[str, list[RequestRecord]] = {c.id: [] for c in cells}
@@ -40,17 +43,15 @@ def summarize_cells(
         by_cell_reqs.setdefault(q.cell_id, []).append(q)
     audits = {(p.model, p.image, p.load_format): p for p in preflights if p.kind == "audit"}
     out = []
-    # Every other load format of a group shares one baseline: work its reference out once.
-    references: dict[str, dict[str, list[int]]] = {}
+    # Many cells share one baseline: work it out once.
+    baselines: dict[str, Baseline] = {}
     for cell in cells:
-        reference = None
+        baseline = None
         if cell.baseline_id is not None:
-            if cell.baseline_id not in references:
-                references[cell.baseline_id] = reference_outputs(
-                    by_cell_runs[cell.baseline_id], by_cell_reqs[cell.baseline_id]
-                )
-            reference = references[cell.baseline_id]
-        summary = judge_cell(cell, by_cell_runs[cell.id], by_cell_reqs[cell.id], reference)
+            if cell.baseline_id not in baselines:
+                baselines[cell.baseline_id] = baseline_of(by_cell_runs[cell.baseline_id], by_cell_reqs[cell.baseline_id])
+            baseline = baselines[cell.baseline_id]
+        summary = judge_cell(cell, by_cell_runs[cell.id], by_cell_reqs[cell.id], baseline, comparator, probe)
         out.append(apply_cell_checks(summary, by_cell_runs[cell.id], audits.get(
             (cell.model.name, cell.image.name, cell.load_format.name))))
     return out
@@ -72,8 +73,12 @@ def summarize(
     finished_at: float,
     interrupted: bool,
     preflights: Sequence[PreflightRecord] = (),
+    comparator: Comparator | None = None,
 ) -> Summary:
-    cell_summaries = summarize_cells(cells, runs, requests, preflights)
+    """`comparator`: the config's (`comparison`) unless given, e.g. to judge a run again under
+    another rule."""
+    cmp = comparator or comparator_for(config.comparison.mode, config.comparison.top_k)
+    cell_summaries = summarize_cells(cells, runs, requests, preflights, cmp, config.reference_text)
     return Summary(
         run_id=run_id,
         config_name=config.name,

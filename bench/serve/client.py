@@ -9,6 +9,7 @@ extra body fields. Nothing raised by a request escapes: it becomes the record's 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,8 @@ import httpx
 import openai
 
 from bench.core.config import Prompt, Workload
-from bench.core.records import ErrorKind, RequestRecord
+from bench.core.records import ErrorKind, ReferenceScore, RequestRecord
+from bench.core.tokens import TokenLogprobs
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -26,6 +28,42 @@ def _token_ids(choice: Any) -> list[int] | None:
     extra = getattr(choice, "model_extra", None) or {}
     ids = extra.get("token_ids")
     return list(ids) if isinstance(ids, list) else None
+
+
+def _number(value: Any) -> float | None:
+    """A logprob, or None for NaN and infinities (weights that are not numbers; JSON has no
+    spelling for them either)."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+_TOKEN_ID = "token_id:"  # how vLLM names a token with return_tokens_as_token_ids
+
+
+def _id(token: str) -> int:
+    if not token.startswith(_TOKEN_ID):
+        raise ProtocolError(f"a logprobs token {token[:40]!r} is not {_TOKEN_ID}N although token ids were asked for")
+    return int(token[len(_TOKEN_ID):])
+
+
+def _completion_logprobs(logprobs: Any, texts: list[str] | None) -> list[TokenLogprobs]:
+    """Completions: parallel lists; top_logprobs maps "token_id:N" to a logprob."""
+    out = []
+    for i, (lp, top) in enumerate(zip(logprobs.token_logprobs or [], logprobs.top_logprobs or [], strict=False)):
+        pairs = sorted(((_id(t), _number(v)) for t, v in (top or {}).items()),
+                       key=lambda p: -math.inf if p[1] is None else p[1], reverse=True)
+        out.append(TokenLogprobs(logprob=_number(lp), top=pairs, text=texts[i] if texts and i < len(texts) else None))
+    return out
+
+
+def _chat_logprobs(logprobs: Any) -> list[TokenLogprobs]:
+    """Chat: one entry per token; its `bytes` are the generated token's own (the alternatives'
+    bytes spell "token_id:N")."""
+    out = []
+    for entry in logprobs.content or []:
+        text = bytes(entry.bytes).decode("utf-8", errors="replace") if entry.bytes is not None else None
+        pairs = [(_id(t.token), _number(t.logprob)) for t in entry.top_logprobs or []]
+        out.append(TokenLogprobs(logprob=_number(entry.logprob), top=pairs, text=text))
+    return out
 
 
 def _classify(exc: BaseException) -> tuple[ErrorKind, int | None]:
@@ -51,6 +89,7 @@ class _Result:
         self.finish_reason: str | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.logprobs: list[TokenLogprobs] | None = None
         self.choices_seen = False
 
     def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
@@ -63,6 +102,13 @@ class _Result:
         ids = _token_ids(choice)
         if ids is not None:
             self.token_ids = (self.token_ids or []) + ids
+        if getattr(choice, "logprobs", None) is not None:
+            if chat:
+                got = _chat_logprobs(choice.logprobs)
+            else:
+                # A streamed completion chunk carries one token, so its text is that token's.
+                got = _completion_logprobs(choice.logprobs, [part or ""] if streamed else None)
+            self.logprobs = (self.logprobs or []) + got
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
 
@@ -72,7 +118,9 @@ class _Result:
             self.completion_tokens = usage.completion_tokens
 
 
-async def _send(client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload: Workload) -> _Result:
+async def _send(
+    client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload: Workload, top_k: int | None,
+) -> _Result:
     body: dict[str, Any] = {"min_tokens": workload.min_tokens, "ignore_eos": workload.ignore_eos,
                             "return_token_ids": True}
     common: dict[str, Any] = dict(
@@ -82,6 +130,10 @@ async def _send(client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload
     if prompt.stream:
         common.update(stream=True, stream_options={"include_usage": True})
     chat = prompt.kind == "chat"
+    if top_k is not None:
+        # Ids, not texts, for the alternatives: two ids can decode to the same text.
+        body["return_tokens_as_token_ids"] = True
+        common.update(logprobs=True, top_logprobs=top_k) if chat else common.update(logprobs=top_k)
     # Any: the SDK's overloads are chosen by a literal `stream`, which the keyword dict hides.
     response: Any
     if chat:
@@ -107,7 +159,39 @@ async def _send(client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload
         raise ProtocolError(f"the response ended without a finish_reason after {len(''.join(result.text))} characters")
     if result.completion_tokens is None:
         raise ProtocolError("the response carried no usage")
+    if top_k is not None and result.logprobs is None:
+        raise ProtocolError("logprobs were asked for and the response carried none")
     return result
+
+
+async def score_reference(
+    base_url: str, model: str, passage: str, timeout_s: float,
+) -> ReferenceScore:
+    """The reference-text probe: the passage's own tokens scored by the server (completions with
+    `echo` and `logprobs`), as mean negative log-likelihood per token. Never raises."""
+    try:
+        async with _client(base_url, timeout_s) as c:
+            response: Any = await asyncio.wait_for(c.completions.create(
+                model=model, prompt=passage, max_tokens=1, echo=True, logprobs=0, temperature=0.0,
+            ), timeout_s)
+        choice = response.choices[0]
+        prompt_tokens = response.usage.prompt_tokens
+        # The first token has no context, so no logprob; the last one is the generated token.
+        scored = list(choice.logprobs.token_logprobs or [])[1:prompt_tokens]
+        if not scored:
+            raise ProtocolError("the echoed passage came back without prompt logprobs")
+        values = [_number(v) for v in scored]
+        if any(v is None for v in values):
+            return ReferenceScore(mean_nll=None, tokens=len(values))
+        return ReferenceScore(mean_nll=-sum(v for v in values if v is not None) / len(values), tokens=len(values))
+    except Exception as exc:
+        return ReferenceScore(error=f"{type(exc).__name__}: {exc}"[:2000])
+
+
+def _client(base_url: str, timeout_s: float) -> openai.AsyncOpenAI:
+    # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
+    timeout = openai.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
+    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="regbench", max_retries=0, timeout=timeout)
 
 
 async def run_workload(
@@ -117,16 +201,14 @@ async def run_workload(
     *,
     cell_id: str,
     repeat: int,
+    top_k: int | None = None,
     on_record: Callable[[RequestRecord], None] = lambda r: None,
 ) -> list[RequestRecord]:
-    """Sends every prompt once, at most `concurrency` at a time; returns records in prompt order."""
-    # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
-    timeout = openai.Timeout(workload.request_timeout_s, connect=CONNECT_TIMEOUT_S)
+    """Sends every prompt once, at most `concurrency` at a time; returns records in prompt order.
+    With `top_k`, each generated token's top-k logprobs are asked for and recorded."""
     semaphore = asyncio.Semaphore(workload.concurrency)
 
-    async with openai.AsyncOpenAI(
-        base_url=f"{base_url}/v1", api_key="regbench", max_retries=0, timeout=timeout
-    ) as client:
+    async with _client(base_url, workload.request_timeout_s) as client:
 
         async def one(prompt: Prompt) -> RequestRecord:
             async with semaphore:
@@ -136,12 +218,12 @@ async def run_workload(
                 try:
                     # The SDK's timeout bounds each read; this bounds a stream that never ends.
                     r = await asyncio.wait_for(
-                        _send(client, model, prompt, workload), workload.request_timeout_s
+                        _send(client, model, prompt, workload, top_k), workload.request_timeout_s
                     )
                     fields = dict(
                         status=200, text="".join(r.text), token_ids=r.token_ids,
                         prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                        finish_reason=r.finish_reason,
+                        finish_reason=r.finish_reason, logprobs=r.logprobs,
                     )
                 except Exception as exc:
                     kind, status = _classify(exc)

@@ -17,6 +17,7 @@ from bench.core.config import ConfigError
 from bench.core.judge import Reason, unexpected_exit_episodes
 from bench.core.matrix import expand
 from bench.core.records import Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.core.tokens import Comparator
 from bench.report.summary import render_all, summarize
 from bench.store.results import ResultsDir, read_log_bytes
 
@@ -140,9 +141,10 @@ def open_results(path: Path) -> ResultsDir:
 
 
 def rederive(
-    results: ResultsDir, runs: list[RunRecord], requests: list[RequestRecord]
+    results: ResultsDir, runs: list[RunRecord], requests: list[RequestRecord], comparator: Comparator | None = None,
 ) -> Summary:
-    """The summary from the JSONL alone; start/end times from the last summary.json if there is one."""
+    """The summary from the JSONL alone; start/end times from the last summary.json if there is one.
+    `comparator`: judge outputs by this rule instead of the run's config's."""
     config = results.config()
     try:
         previous = results.previous_summary()
@@ -159,21 +161,21 @@ def rederive(
         )
         interrupted = any(r.interrupted for r in runs)
     return summarize(results.path.name, config, expand(config), runs, requests, started, finished, interrupted,
-                     results.preflights())
+                     results.preflights(), comparator)
 
 
-def regenerate(path: Path) -> Summary:
+def regenerate(path: Path, comparator: Comparator | None = None) -> Summary:
     """`regbench report DIR`: re-derive the summary and rewrite every report file."""
     results = open_results(path)
     runs, requests = results.runs(), results.requests()
-    summary = rederive(results, runs, requests)
+    summary = rederive(results, runs, requests, comparator)
     write_reports(results, summary, runs, requests)
     return summary
 
 
-def load_side(path: Path) -> Side:
+def load_side(path: Path, comparator: Comparator | None = None) -> Side:
     """One results folder, re-judged from its JSONL, as one side of `regbench compare`."""
     results = open_results(path)
     runs, requests = results.runs(), results.requests()
-    summary = rederive(results, runs, requests)
+    summary = rederive(results, runs, requests, comparator)
     return side_from_records(str(path), summary.cells, runs, requests, results.fingerprints())

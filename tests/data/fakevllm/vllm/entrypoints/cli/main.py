@@ -3,7 +3,8 @@ PYTHONPATH by tests about the bench's own handling (results writing, secrets in 
 about what vLLM does. It serves the tests' fake OpenAI wire server on the given port as a real
 process, prints the lines of FAKE_VLLM_PRINT ($NAME expanded from its environment), prints
 "request received" as each request arrives (tests wait for that line, never for a while), appends
-a line to FAKE_VLLM_COUNT per answer sent, and exits 0 on SIGTERM like vLLM does."""
+a line to FAKE_VLLM_COUNT per workload answer sent (the reference-text probe's is recorded with
+its run, not as a request), and exits 0 on SIGTERM like vLLM does."""
 
 import os
 import signal
@@ -26,7 +27,7 @@ class Counting(FakeServer):
     def handle(self, h, body):
         print("request received", flush=True)
         super().handle(h, body)
-        if count_file:
+        if count_file and not body.get("echo"):
             with open(count_file, "a") as f:
                 f.write("1\n")
 
