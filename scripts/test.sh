@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (if needed), runs the lint, type and import gate (scripts/lint.sh) and the whole test
-# suite, real vLLM servers included, then checks the fault table it measured against the README's
-# (scripts/fault_table.py).
+# suite, real vLLM servers included, then checks the fault table and the false-alarm table it
+# measured against the README's (scripts/fault_table.py, scripts/false_alarm_table.py).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the fast tier.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,5 +14,7 @@ fi
 # Two at a time: two vLLM servers on the 2 cores took 0.56 of the wall time of one after the
 # other. A file's tests stay on one worker (--dist loadfile), so that those sharing a booted
 # matrix (a module-scoped fixture) boot it once.
+rm -rf results/false-alarms  # written afresh by the slow tier's real runs
 .venv/bin/pytest -n 2 --dist loadfile
 .venv/bin/python scripts/fault_table.py --check
+.venv/bin/python scripts/false_alarm_table.py --check

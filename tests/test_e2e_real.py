@@ -8,6 +8,8 @@ Slow tier: one run of the 8-cell matrix (about 40 s per server here), shared by 
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -70,3 +72,30 @@ def test_healthy_cells_answer_the_known_questions_and_agree_token_for_token(real
     for q in healthy:
         by_prompt.setdefault((q.cell_id.split("__")[0], q.prompt_id), set()).add(tuple(q.token_ids or ()))
     assert all(len(outputs) == 1 for outputs in by_prompt.values()), by_prompt.keys()
+
+
+def test_the_broken_cells_fail_under_both_comparison_rules(real_run, tmp_path):
+    """The other half of the false-alarm table (tests/test_e2e_healthy.py): a rule tolerant of
+    numerics must still fail every cell that lost weights."""
+    _, _, run_dir = real_run
+    exact = tmp_path / "exact" / "real"
+    shutil.copytree(run_dir, exact)
+    p = subprocess.run([sys.executable, "-m", "bench", "report", str(exact), "--compare-mode", "exact"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    tolerant = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
+    strict = {c.cell_id: c for c in Summary.model_validate_json((exact / "summary.json").read_text()).cells}
+    cases = {"smollm2-canary__runai_streamer__cpu__streamer-0.16.0": "every tensor lost (empty shards first)",
+             "smollm2-partial__runai_streamer__cpu__streamer-0.16.0": "a block of layers lost (later shards)"}
+    rows = []
+    for cell_id, case in cases.items():
+        assert tolerant[cell_id].verdict == strict[cell_id].verdict == "fail"
+        # Found without any comparison at all, too: known answers and the reference text.
+        assert {"expectation_failed", "reference_nll"} <= set(tolerant[cell_id].reasons), tolerant[cell_id].reasons
+        rows.append({"suite": "broken", "case": f"streamer 0.16.0, {case}", "cell": cell_id, "broken": True,
+                     "exact": strict[cell_id].verdict.value, "logprobs": tolerant[cell_id].verdict.value,
+                     "exact_positions": sorted(strict[cell_id].divergence_positions),
+                     "prompts": len(strict[cell_id].divergence_positions)})
+    ledger = ROOT / "results" / "false-alarms" / "broken.json"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    ledger.write_text(json.dumps(rows, indent=1))

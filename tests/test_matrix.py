@@ -68,3 +68,32 @@ def test_plan_prints_cells(tmp_path, minimal, capsys):
     out = capsys.readouterr().out
     assert "2 cells × 1 repeats = 2 fresh servers" in out
     assert "m__runai_streamer__cpu__img  [vs m__safetensors__cpu__img]" in out
+
+
+def test_a_baseline_rule_over_other_axes_compares_a_release_with_the_previous_one(minimal):
+    d = _two_images(minimal)
+    d["baseline"] = {"image": "img"}
+    cells = expand(parse_config(d))
+    by_id = {c.id: c for c in cells}
+    assert [c.id for c in cells if c.is_baseline] == [c.id for c in cells[:2]]  # baselines run first
+    assert by_id["m__safetensors__cpu__img2"].baseline_id == "m__safetensors__cpu__img"
+    assert by_id["m__runai_streamer__cpu__img2"].baseline_id == "m__runai_streamer__cpu__img"
+
+
+def test_a_baseline_rule_over_several_axes_gives_every_cell_one_reference(minimal):
+    d = _two_images(minimal)
+    d["baseline"] = {"load_format": "safetensors", "image": "img"}
+    cells = expand(parse_config(d))
+    assert [c.id for c in cells if c.is_baseline] == ["m__safetensors__cpu__img"]
+    assert {c.baseline_id for c in cells if not c.is_baseline} == {"m__safetensors__cpu__img"}
+
+
+@pytest.mark.parametrize(("baseline", "message"), [
+    ({"image": "nope"}, "baseline 'nope' is not a known image"),
+    ({}, "a baseline must name at least one axis"),
+    ({"colour": "red"}, "baseline.colour: unknown key"),
+])
+def test_a_baseline_rule_naming_nothing_known_is_refused(minimal, baseline, message):
+    minimal["baseline"] = baseline
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(minimal)

@@ -364,7 +364,7 @@ class Config(Strict):
     repeats: int | Literal["auto"] = Field(default=1)
     detect: Detect | None = None
     early_stop: bool = False  # stop repeating a cell once its verdict can no longer change
-    baseline: Name | BaselineRule | None = None  # a load format's name, or a rule
+    baseline: BaselineRule | None = None  # in YAML also a load format's name alone
     comparison: Comparison = Comparison()
     reference_text: ReferenceText = ReferenceText()
     include: list[CellFilter] = []
@@ -374,6 +374,11 @@ class Config(Strict):
     preflight: bool = True  # inspect and audit the weights before the cells (bench/weights/preflight.py)
     # Filled in from the profiles by load_config; written out with the config as run.
     profiles: list[Platform] = []
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _baseline_shorthand(cls, v: object) -> object:
+        return {"load_format": v} if isinstance(v, str) else v
 
     @field_validator("repeats")
     @classmethod
@@ -429,8 +434,6 @@ class Config(Strict):
 
     @property
     def baseline_rule(self) -> BaselineRule | None:
-        if isinstance(self.baseline, str):
-            return BaselineRule(load_format=self.baseline)
         return self.baseline
 
 
