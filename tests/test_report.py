@@ -38,7 +38,7 @@ def test_report_is_derived_from_the_jsonl_alone(tmp_path, minimal):
     # failures/runs with the Wilson 95 % interval of the failure rate.
     assert (f"| `{cell}` | **FAIL** | 2/2 | 34–100 % | divergence (2/2), empty_text (1/2), "
             "first divergence at token 0 |") in md
-    assert f"| `{base}` | **PASS** | 0/2 | 0–66 % | - | (is baseline) |" in md
+    assert f"| `{base}` | **PASS** | 0/2 | 0–66 % | - | - | (is baseline) |" in md
 
 
 def test_report_on_a_folder_that_is_not_results_is_exit_2(tmp_path):

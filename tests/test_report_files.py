@@ -10,8 +10,10 @@ import pytest
 from junitparser import Failure, JUnitXml, Skipped
 
 from bench.cli import main
+from bench.core.matrix import expand
 from bench.core.records import Finding
-from bench.store.publish import log_excerpt, regenerate
+from bench.report.summary import summarize
+from bench.store.publish import log_excerpt, regenerate, write_reports
 from tests import synth
 
 BAD = "m__runai_streamer__cpu__img"
@@ -200,3 +202,13 @@ def test_report_html_of_boot_failures_and_interrupted_runs(tmp_path):
     assert "OSError: no model &lt;here&gt;" in html and "end of the log" in html
     assert '<span class="pill notrun">interrupted</span>' in html
     assert 'class="na">×</text>' in html  # no boot time, no latency for the failed boot
+
+
+def test_a_slices_reports_judge_the_cells_it_planned_not_the_whole_matrix(tmp_path):
+    results = synth.create(tmp_path, "r", synth.matrix(repeats=1))
+    synth.add_run(results, BAD, 1)
+    config = results.config()
+    only = [c for c in expand(config) if c.id == BAD]  # as `regbench run --cell BAD` plans it
+    write_reports(results, summarize("r", config, only, results.runs(), results.requests(), 0.0, 1.0, False))
+    # The baseline cell is not in the slice: no divergence to judge, and no "not run" row for it.
+    assert [c.cell_id for c in regenerate(results.path).cells] == [BAD]

@@ -336,6 +336,8 @@ def judge_cell(
         example=example.splitlines()[0][:200] if example else None,
         failure_rate_interval=wilson_interval(failures, len(judged)) if judged else None,
         nondeterminism=nondeterminism,
+        comparator=comparator.name,
+        reference_nll=[r.reference.mean_nll for r in judged if r.reference is not None],
         run_results=[
             RunResult(repeat=repeat, reasons=rs, divergence=diverged.get(repeat, []))
             for repeat, rs in run_reasons.items()

@@ -176,6 +176,9 @@ class CellSummary(Record):
     # clean run). Reported on its own: it does not change the verdict.
     nondeterminism: list[TokenDiff] = []
     run_results: list[RunResult] = []
+    comparator: str = "exact"  # the rule divergence and nondeterminism were judged by
+    # The reference-text probe's score per judged run that made it (None: not a number or not measured).
+    reference_nll: list[float | None] = []
 
     @property
     def nondeterministic(self) -> bool:

@@ -49,7 +49,8 @@ def summarize_cells(
         baseline = None
         if cell.baseline_id is not None:
             if cell.baseline_id not in baselines:
-                baselines[cell.baseline_id] = baseline_of(by_cell_runs[cell.baseline_id], by_cell_reqs[cell.baseline_id])
+                baselines[cell.baseline_id] = baseline_of(
+                    by_cell_runs.get(cell.baseline_id, []), by_cell_reqs.get(cell.baseline_id, []))
             baseline = baselines[cell.baseline_id]
         summary = judge_cell(cell, by_cell_runs[cell.id], by_cell_reqs[cell.id], baseline, comparator, probe)
         out.append(apply_cell_checks(summary, by_cell_runs[cell.id], audits.get(
@@ -101,6 +102,13 @@ def _reasons(c: CellSummary) -> str:
     return ", ".join(parts) or "-"
 
 
+def _nll(c: CellSummary) -> str:
+    if not c.reference_nll:
+        return "-"
+    shown = sorted({"NaN/error" if x is None else f"{x:.2f}" for x in c.reference_nll})
+    return "–".join([shown[0], shown[-1]]) if len(shown) > 1 else shown[0]
+
+
 def _interval(c: CellSummary) -> str:
     return percent_range(*c.failure_rate_interval) if c.failure_rate_interval else "-"
 
@@ -126,15 +134,17 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint]) -> str:
         f"# regbench {summary.config_name}: {verdict}",
         "",
         f"Run `{summary.run_id}`, {summary.finished_at - summary.started_at:.0f} s. "
-        "Failures/runs counts fresh servers; the failure rate is its Wilson 95 % interval.",
+        "Failures/runs counts fresh servers; the failure rate is its Wilson 95 % interval. "
+        f"Outputs compared by {summary.cells[0].comparator if summary.cells else 'exact'}; reference text: "
+        "mean negative log-likelihood per token of the reference passage (nats, lower is likelier).",
         "",
-        "| cell | verdict | failures/runs | failure rate | reasons | baseline |",
-        "|---|---|---|---|---|---|",
+        "| cell | verdict | failures/runs | failure rate | reasons | reference text | baseline |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in summary.cells:
         lines.append(
             f"| `{c.cell_id}` | **{_MARK[c.verdict]}** | {c.failures}/{c.runs} | {_interval(c)} | {_reasons(c)} | "
-            f"{'`' + c.baseline_id + '`' if c.baseline_id else '(is baseline)'} |"
+            f"{_nll(c)} | {'`' + c.baseline_id + '`' if c.baseline_id else '(is baseline)'} |"
         )
     examples = [c for c in summary.cells if c.example]
     if examples:

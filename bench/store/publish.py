@@ -160,7 +160,14 @@ def rederive(
             default=0.0,
         )
         interrupted = any(r.interrupted for r in runs)
-    return summarize(results.path.name, config, expand(config), runs, requests, started, finished, interrupted,
+    # A slice of a run (--cell, --shard, --platform) holds the whole matrix's config: judge the
+    # cells its summary planned (and any that ran), not the matrix's others as "not run". Without
+    # a summary (the bench was killed first) every cell of the matrix counts.
+    cells = expand(config)
+    if previous is not None:
+        planned = {c.cell_id for c in previous.cells} | {r.cell_id for r in runs}
+        cells = [c for c in cells if c.id in planned]
+    return summarize(results.path.name, config, cells, runs, requests, started, finished, interrupted,
                      results.preflights(), comparator)
 
 
