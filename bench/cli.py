@@ -16,24 +16,26 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench.core.compare import AXES, compare, format_comparison
-from bench.core.config import ENV_NAME, ConfigError, load_config, with_devices, with_image_refs
+from bench.core.config import ENV_NAME, Config, ConfigError, load_config, with_devices, with_image_refs
+from bench.core.diagnosis import Diagnosis
 from bench.core.matrix import expand
-from bench.core.records import RunRecord, TokenDiff
+from bench.core.records import RunRecord, Summary, TokenDiff
 from bench.core.redact import redactor_for
 from bench.core.slicing import github_matrix, parse_shard, slice_cells
 from bench.core.stats import detection_probability, percent_range, repeats_needed, wilson_interval
 from bench.core.tokens import Comparator, comparator_for
-from bench.report.summary import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, table
+from bench.report.summary import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, diagnosis_markdown, table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.serve.platforms import host_facts, select
 from bench.store.merge import merge
-from bench.store.publish import load_side, open_results, regenerate
+from bench.store.publish import load_side, open_results, rederive, regenerate
 from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
 from bench.weights.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeError, audit_checkpoint, default_python
 from bench.weights.audit import render as render_audit
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.weights.checkpoint import render as render_checkpoint
+from bench.weights.preflight import preflight
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # CI logs are not terminals; rich would wrap them at 80 columns.
@@ -207,6 +209,40 @@ def cmd_report(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    path = Path(args.dir)
+    results = open_results(path)
+    config = results.config()
+    if args.confirm:
+        _confirm(results, config, rederive(results, results.runs(), results.requests()))
+    summary = regenerate(path)
+    diagnosis = Diagnosis.model_validate_json((path / "diagnosis.json").read_text())
+    if not diagnosis.cells:
+        out.print("no failing cell: nothing to diagnose", highlight=False)
+    for line in diagnosis_markdown(diagnosis):
+        out.print(line, highlight=False, markup=False)
+    if args.confirm and diagnosis.cells:
+        out.print("## Minimal reproduction", highlight=False, markup=False)
+        for d in diagnosis.cells:
+            audit = next((m.confirm for m in d.matches if m.confirm), None)
+            if audit:
+                out.print(f"- {d.cell_id}: {audit}", highlight=False, markup=False)
+            out.print(f"- {d.cell_id}: regbench run {path / 'config.yaml'} --cell {d.cell_id}",
+                      highlight=False, markup=False)
+    return summary.exit_code
+
+
+def _confirm(results: ResultsDir, config: Config, summary: Summary) -> None:
+    """The pre-flight checks the run did not make (inspect; the audit of each failing cell's
+    checkpoint in its environment), added to the results as evidence."""
+    failing = {c.cell_id for c in summary.cells if c.verdict.failing}
+    cells = [c for c in expand(config) if c.id in failing]
+    have = {(p.kind, p.model, p.image, p.load_format) for p in results.preflights() if not p.skipped}
+    for record in preflight(config, cells, lambda s: err.print(s, highlight=False), audit_here=config.launcher == "local"):
+        if (record.kind, record.model, record.image, record.load_format) not in have:
+            results.add_preflight(record.model_copy(update={"notes": [*record.notes, "made by regbench diagnose --confirm"]}))
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     chosen = _comparator(args, Path(args.a))
     if chosen is None:  # the reference run's own rule
@@ -338,6 +374,18 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("dir")
     _compare_flags(report, "judge outputs by this rule instead of the run's config's `comparison`")
     report.set_defaults(func=cmd_report)
+    diag = sub.add_parser(
+        "diagnose", help="from failing cells to known causes, with the evidence for and against each",
+        description=("Reasons over a results folder: per failing cell the matrix contrast, facts from its server "
+                     "logs, the pre-flight and fingerprints, matched against the signatures of known issues "
+                     "(bench/signatures/, plus the config's `signatures` folders). Writes diagnosis.json and "
+                     "the Diagnosis sections of summary.md and report.html. Exit 1 when a cell fails."),
+    )
+    diag.add_argument("dir")
+    diag.add_argument("--confirm", action="store_true",
+                      help="first run the checks the run did not (inspect, and the audit of each failing cell's "
+                           "checkpoint in its environment), then print a minimal reproduction")
+    diag.set_defaults(func=cmd_diagnose)
     cmp = sub.add_parser(
         "compare", help="compare two results folders (e.g. image tag N-1 and N); exit 1 on a regression",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -372,6 +372,9 @@ class Config(Strict):
     workload: Workload
     server: Server = Server()
     preflight: bool = True  # inspect and audit the weights before the cells (bench/weights/preflight.py)
+    # Folders of the user's own known-issue signatures (*.yaml), besides the shipped ones
+    # (bench/signatures/); a user's signature with a shipped one's id replaces it.
+    signatures: list[str] = []
     # Filled in from the profiles by load_config; written out with the config as run.
     profiles: list[Platform] = []
 
@@ -516,6 +519,7 @@ def resolve_paths(config: Config, base: Path) -> Config:
     return config.model_copy(
         update={
             "models": [m.model_copy(update={"path": model_path(m.path)}) for m in config.models],
+            "signatures": [os.path.normpath(base / d) for d in config.signatures],
             "images": [
                 i.model_copy(
                     update={

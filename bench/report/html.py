@@ -17,6 +17,7 @@ import statistics
 from collections import defaultdict
 from html import escape
 
+from bench.core.diagnosis import Diagnosis
 from bench.core.records import CellSummary, Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
 from bench.core.stats import percent_range, rate_text
 from bench.core.verdicts import Verdict
@@ -444,12 +445,37 @@ _JS = """
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
 
+def _diagnosis_html(diagnosis: Diagnosis | None) -> str:
+    if diagnosis is None or not diagnosis.cells:
+        return ""
+    parts = ["<h2>Diagnosis</h2>"]
+    for d in diagnosis.cells:
+        facts = [f"Contrast: {d.contrast}", *(f"Server log: {x}" for x in d.log_evidence),
+                 *(f"Pre-flight: {x}" for x in d.preflight), *([f"Environment: {d.fingerprint}"] if d.fingerprint else [])]
+        parts.append(f'<section class="diagnosis"><h3><code>{e(d.cell_id)}</code> {e(d.verdict.upper())}</h3><ul>'
+                     + "".join(f"<li>{e(x)}</li>" for x in facts) + "</ul>")
+        if not d.matches:
+            parts.append("<p><strong>No known signature.</strong> The evidence above is all there is.</p>")
+        for i, m in enumerate(d.matches):
+            head = "Symptom, not the cause" if m.symptom_only else "Likely cause" if i == 0 else "Also matches"
+            items = ([f"for: {x.says}" for x in m.supports] + [f"against: {x.says}" for x in m.contradicts]
+                     + [f"not known: {x.says}" for x in m.unknown] + [f"why: {m.explanation}"]
+                     + [f"fix {n}: {f}" for n, f in enumerate(m.fixes, 1)]
+                     + ([f"confirm: {m.confirm}"] if m.confirm else [])
+                     + ([f"references: {'; '.join(m.references)}"] if m.references else []))
+            parts.append(f"<p><strong>{e(head)}: {e(m.title)}</strong> <code>{e(m.signature)}</code></p><ul>"
+                         + "".join(f"<li>{e(x)}</li>" for x in items) + "</ul>")
+        parts.append("</section>")
+    return "".join(parts)
+
+
 def html_report(
     summary: Summary,
     runs: list[RunRecord],
     requests: list[RequestRecord],
     fingerprints: list[Fingerprint],
     excerpts: list[LogExcerpt],
+    diagnosis: Diagnosis | None = None,
 ) -> str:
     runs_of: dict[str, dict[int, RunRecord]] = defaultdict(dict)
     for r in runs:
@@ -492,6 +518,7 @@ def html_report(
                          fingerprints)
             for c in summary.cells
         )
+        + _diagnosis_html(diagnosis)
         + f"<h2>Environments</h2>{_fingerprint_table(fingerprints)}</main>"
         f"<script>{_JS}</script></body></html>\n"
     )

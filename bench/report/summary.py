@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from bench.core.config import Config, ReferenceText
+from bench.core.diagnosis import Diagnosis
 from bench.core.judge import Baseline, apply_cell_checks, baseline_of, judge_cell
 from bench.core.matrix import Cell
 from bench.core.records import (
@@ -128,7 +129,40 @@ def _nondeterminism_lines(c: CellSummary, limit: int = 10) -> list[str]:
     return lines
 
 
-def markdown(summary: Summary, fingerprints: list[Fingerprint]) -> str:
+def diagnosis_markdown(diagnosis: Diagnosis) -> list[str]:
+    """The "Diagnosis" section: per failing cell its evidence and the known causes it matches."""
+    if not diagnosis.cells:
+        return []
+    lines = ["", "## Diagnosis", ""]
+    for d in diagnosis.cells:
+        lines += [f"### `{d.cell_id}`: {d.verdict.upper()} ({', '.join(d.reasons)})", ""]
+        lines.append(f"- Contrast: {d.contrast}")
+        lines += [f"- Server log: {e}" for e in d.log_evidence]
+        lines += [f"- Pre-flight: {p}" for p in d.preflight]
+        if d.fingerprint:
+            lines.append(f"- Environment: {d.fingerprint}")
+        lines.append("")
+        if not d.matches:
+            lines += ["**No known signature.** The evidence above is all there is; no cause is guessed.", ""]
+        for i, m in enumerate(d.matches):
+            head = "Likely cause" if i == 0 and not m.symptom_only else "Symptom, not the cause" if m.symptom_only \
+                else "Also matches"
+            lines.append(f"**{head}: {m.title}** (`{m.signature}`: {len(m.supports)} for, {len(m.contradicts)} against, "
+                         f"{len(m.unknown)} not known)")
+            lines += [f"- for: {e.says}" for e in m.supports]
+            lines += [f"- against: {e.says}" for e in m.contradicts]
+            lines += [f"- not known: {e.says}" for e in m.unknown]
+            lines.append(f"- why: {m.explanation}")
+            lines += [f"- fix {n}: {f}" for n, f in enumerate(m.fixes, 1)]
+            if m.confirm:
+                lines.append(f"- confirm: `{m.confirm}`")
+            if m.references:
+                lines.append(f"- references: {'; '.join(m.references)}")
+            lines.append("")
+    return lines
+
+
+def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagnosis | None = None) -> str:
     verdict = {0: "all cells pass", 1: "FAILURES", 130: "INTERRUPTED"}.get(summary.exit_code, "")
     lines = [
         f"# regbench {summary.config_name}: {verdict}",
@@ -173,6 +207,8 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint]) -> str:
                 f"{f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
                 + (f" probe error: {f.error}" if f.error else "")
             )
+    if diagnosis is not None:
+        lines += diagnosis_markdown(diagnosis)
     lines += ["", "Per-run detail: `report.html` and `junit.xml` in the results folder."]
     return "\n".join(lines) + "\n"
 
@@ -183,15 +219,19 @@ def render_all(
     requests: list[RequestRecord],
     fingerprints: list[Fingerprint],
     excerpts: list[LogExcerpt],
+    diagnosis: Diagnosis | None = None,
 ) -> dict[str, str]:
     """Every derived file of a results folder, by file name: one place for the runner and
     `regbench report` both."""
-    return {
+    files = {
         "summary.json": summary.model_dump_json(indent=2) + "\n",
-        "summary.md": markdown(summary, fingerprints),
+        "summary.md": markdown(summary, fingerprints, diagnosis),
         "junit.xml": junit_xml(summary, runs),
-        "report.html": html_report(summary, runs, requests, fingerprints, excerpts),
+        "report.html": html_report(summary, runs, requests, fingerprints, excerpts, diagnosis),
     }
+    if diagnosis is not None:
+        files["diagnosis.json"] = diagnosis.model_dump_json(indent=2) + "\n"
+    return files
 
 
 _STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim"}

@@ -19,6 +19,7 @@ from bench.core.matrix import expand
 from bench.core.records import Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
 from bench.core.tokens import Comparator
 from bench.report.summary import render_all, summarize
+from bench.store.evidence import diagnose_results
 from bench.store.results import ResultsDir, read_log_bytes
 
 # Run-level findings whose evidence is in the server log.
@@ -124,7 +125,8 @@ def write_reports(
     runs = results.runs() if runs is None else runs
     requests = results.requests() if requests is None else requests
     fingerprints = results.fingerprints() if fingerprints is None else fingerprints
-    files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs))
+    diagnosis = diagnose_results(results.path, results.config(), summary, runs, requests, fingerprints)
+    files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs), diagnosis)
     written = {}
     for name, text in files.items():
         # The records and logs are redacted already; this covers what a report adds of its own.

@@ -1,0 +1,279 @@
+"""Diagnosis: from a failing cell to known causes, with the evidence for and against. Pure.
+
+A *signature* is one known issue, written as data (bench/signatures/*.yaml, or a folder of the
+user's own): what it is, its upstream references, the conditions it matches on, an explanation,
+the fixes in the order to try them, and a command that confirms it. Conditions look at the
+evidence gathered per failing cell (``CellEvidence``: its findings, the matrix contrast, facts
+from its server logs, the pre-flight, its environment's fingerprint). Each condition holds, fails,
+or cannot be told from the evidence at hand.
+
+A signature matches a cell when every ``require`` condition holds or cannot be told, and at least
+one of them holds. Matches are ranked by the ``support`` conditions that hold minus those that
+fail; both lists are shown, so a reader sees what speaks against a match too. A failure that
+matches nothing gets its evidence and "no known signature", never an invented cause.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bench.core.config import ConfigError
+from bench.core.contrast import Contrast
+from bench.core.logfacts import LogFacts
+from bench.core.records import CellSummary, Fingerprint, PreflightRecord
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """'0.16.0', '0.32.0+cpu', '2.13.0.dev1' → (0, 16, 0): enough to order releases."""
+    parts = []
+    for piece in re.split(r"[.+-]", text):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+class VersionRange(_Strict):
+    package: str = Field(pattern=r"^(vllm|runai_model_streamer|torch|cuda|python)$")  # a Fingerprint field
+    at_least: str | None = None
+    at_most: str | None = None
+
+
+class CellEvidence(_Strict):
+    """Everything known about one failing cell, gathered by bench.store.evidence."""
+
+    cell: CellSummary
+    vllm_load_format: str
+    env: dict[str, str] = {}  # the server's environment as configured (server, image, load format)
+    contrast: Contrast | None = None
+    logs: list[LogFacts] = []  # one per judged run
+    log_text: str = ""  # the judged runs' server logs, as much as was read (for `log` patterns)
+    fingerprint: Fingerprint | None = None
+    inspect: PreflightRecord | None = None
+    audit: PreflightRecord | None = None
+    short_finish_reasons: list[str] = []  # finish_reason of each request shorter than min_tokens
+    # What a signature's confirm command is filled with: model, python, pythonpath, cell, config.
+    command_vars: dict[str, str] = {}
+
+
+class Condition(_Strict):
+    """Exactly one of these keys."""
+
+    reason: list[str] | None = None  # the cell shows any of these finding reasons
+    load_format: str | None = None  # vLLM's --load-format of the cell
+    contrast_axis: str | None = None  # the contrast separates the cell on this axis
+    loader_short: str | None = None  # a weight loader whose name contains this stopped short of its total
+    version: VersionRange | None = None  # the environment's version of a package is in range
+    empty_shards: bool | None = None  # the pre-flight inspect found empty shards (stream-stop risk)
+    audit_lost: bool | None = None  # the pre-flight audit lost tensors
+    audit_problem: str | None = None  # a regex over the audit's problems
+    log: str | None = None  # a regex over the server logs
+    env: dict[str, str] | None = None  # the server's environment sets these
+    short_finish_reason: str | None = None  # short outputs ended with this finish_reason
+
+    @model_validator(mode="after")
+    def _one(self) -> Condition:
+        if sum(v is not None for v in self.__dict__.values()) != 1:
+            raise ValueError("a condition has exactly one key")
+        return self
+
+    def check(self, ev: CellEvidence) -> tuple[bool | None, str]:
+        """(holds, what the evidence says); holds is None when the evidence cannot tell."""
+        if self.reason is not None:
+            seen = sorted(set(self.reason) & set(ev.cell.reasons))
+            return bool(seen), (f"findings: {', '.join(seen)}" if seen else f"none of the findings {', '.join(self.reason)}")
+        if self.load_format is not None:
+            return ev.vllm_load_format == self.load_format, f"load format {ev.vllm_load_format}"
+        if self.contrast_axis is not None:
+            if ev.contrast is None or not ev.contrast.only_with:
+                return None, "no contrast in this matrix"
+            on = self.contrast_axis in ev.contrast.only_with
+            return on, ev.contrast.describe() if on else f"the contrast does not involve {self.contrast_axis}"
+        if self.loader_short is not None:
+            bars = [p for log in ev.logs for p in log.loaders if self.loader_short.lower() in p.loader.lower()]
+            if not bars:
+                return None, f"no {self.loader_short} progress in the server logs"
+            short = [p for p in bars if p.short]
+            p = (short or bars)[-1]
+            return bool(short), f"the server's {p.loader} loader {'stopped at' if short else 'completed'} {p.done}/{p.total}"
+        if self.version is not None:
+            r = self.version
+            value = getattr(ev.fingerprint, r.package, None) if ev.fingerprint else None
+            if value is None:
+                return None, f"{r.package} version unknown"
+            v = _version(str(value))
+            ok = (r.at_least is None or v >= _version(r.at_least)) and (r.at_most is None or v <= _version(r.at_most))
+            bounds = " and ".join(x for x in ((f"≥ {r.at_least}" if r.at_least else ""),
+                                               (f"≤ {r.at_most}" if r.at_most else "")) if x)
+            return ok, f"{r.package} {value} ({'within' if ok else 'outside'} {bounds})"
+        if self.empty_shards is not None:
+            if ev.inspect is None or ev.inspect.skipped:
+                return None, "no pre-flight inspect"
+            risk = [n for n in (*ev.inspect.problems, *ev.inspect.notes) if "empty shard" in n]
+            return bool(risk) == self.empty_shards, risk[0] if risk else "inspect found no empty shard"
+        if self.audit_lost is not None:
+            if ev.audit is None or ev.audit.skipped:
+                return None, "no pre-flight audit in this environment"
+            lost = ev.audit.lost > 0
+            what = ev.audit.problems[0] if ev.audit.problems else f"{ev.audit.lost} tensor deliveries lost"
+            return lost == self.audit_lost, f"audit: {what}" if lost else "audit: every tensor delivered"
+        if self.audit_problem is not None:
+            if ev.audit is None or ev.audit.skipped:
+                return None, "no pre-flight audit in this environment"
+            hit = next((p for p in ev.audit.problems if re.search(self.audit_problem, p)), None)
+            return hit is not None, f"audit: {hit}" if hit else f"audit: no problem like /{self.audit_problem}/"
+        if self.log is not None:
+            if not ev.log_text:
+                return None, "no server log"
+            m = re.search(self.log, ev.log_text)
+            line = ev.log_text[ev.log_text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0].strip()[:240] if m else ""
+            return m is not None, f"server log: {line}" if m else f"server log has no /{self.log}/"
+        if self.env is not None:
+            diff = {k: ev.env.get(k) for k, v in self.env.items() if ev.env.get(k) != v}
+            return not diff, ("environment sets " + ", ".join(f"{k}={v}" for k, v in self.env.items())) if not diff \
+                else "environment: " + ", ".join(f"{k}={v}" for k, v in diff.items())
+        assert self.short_finish_reason is not None
+        if not ev.short_finish_reasons:
+            return None, "no short output"
+        n = sum(1 for r in ev.short_finish_reasons if r == self.short_finish_reason)
+        return n > 0, f"{n} of {len(ev.short_finish_reasons)} short outputs ended with finish_reason {self.short_finish_reason!r}"
+
+
+class Signature(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")
+    title: str
+    references: list[str] = []
+    symptom_only: bool = False  # accompanies failures without causing them: says so when shown
+    require: list[Condition] = Field(min_length=1)
+    support: list[Condition] = []
+    explanation: str
+    fixes: list[str] = Field(min_length=1)
+    confirm: str | None = None  # a command; {model}, {python}, {pythonpath}, {cell}, {config} filled in
+
+
+class Evidence(_Strict):
+    condition: str  # the condition, as written
+    holds: bool | None
+    says: str
+
+
+class Match(_Strict):
+    signature: str
+    title: str
+    score: int
+    symptom_only: bool
+    supports: list[Evidence]
+    contradicts: list[Evidence]
+    unknown: list[Evidence]
+    explanation: str
+    fixes: list[str]
+    references: list[str]
+    confirm: str | None = None
+
+
+class CellDiagnosis(_Strict):
+    cell_id: str
+    verdict: str
+    reasons: list[str]
+    contrast: str
+    log_evidence: list[str]
+    preflight: list[str]
+    fingerprint: str | None
+    matches: list[Match]  # best first; [] = no known signature
+
+    @property
+    def known(self) -> bool:
+        return bool(self.matches)
+
+
+class Diagnosis(_Strict):
+    cells: list[CellDiagnosis]
+
+
+def _condition_text(c: Condition) -> str:
+    key, value = next((k, v) for k, v in c.model_dump(exclude_none=True).items())
+    return f"{key}: {value}"
+
+
+def _log_lines(ev: CellEvidence) -> list[str]:
+    lines = []
+    for i, log in enumerate(ev.logs, 1):
+        where = f"run {i}: " if len(ev.logs) > 1 else ""
+        for p in log.short_loaders:
+            lines.append(f"{where}weights loader '{p.loader}' stopped at {p.done}/{p.total}: "
+                         f"{p.total - p.done} never reached the server")
+        if log.weights_load_s is not None:
+            lines.append(f"{where}weights loaded in {log.weights_load_s:g} s")
+        if log.kv_cache_tokens is not None:
+            lines.append(f"{where}KV cache {log.kv_cache_tokens:,} tokens")
+        lines += [f"{where}warning: {w}" for w in log.warnings[:3]]
+        lines += [f"{where}error: {e}" for e in log.errors[:3]]
+        for tb in log.tracebacks[:2]:
+            lines.append(f"{where}{tb.exception} (innermost: {' ← '.join(reversed(tb.frames[-3:]))})")
+    return list(dict.fromkeys(lines))[:20]
+
+
+def _fill(template: str, values: dict[str, str]) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: values.get(m[1], m[0]), template)
+
+
+def diagnose_cell(ev: CellEvidence, signatures: list[Signature]) -> CellDiagnosis:
+    matches = []
+    for sig in signatures:
+        required = [(c, *c.check(ev)) for c in sig.require]
+        if any(holds is False for _, holds, _ in required) or not any(holds for _, holds, _ in required):
+            continue
+        checked = required + [(c, *c.check(ev)) for c in sig.support]
+        ev_of = [Evidence(condition=_condition_text(c), holds=h, says=s) for c, h, s in checked]
+        supports = [e for e in ev_of if e.holds]
+        contradicts = [e for e in ev_of if e.holds is False]
+        matches.append(Match(
+            signature=sig.id, title=sig.title, score=len(supports) - len(contradicts), symptom_only=sig.symptom_only,
+            supports=supports, contradicts=contradicts, unknown=[e for e in ev_of if e.holds is None],
+            explanation=sig.explanation.strip(), fixes=sig.fixes, references=sig.references,
+            confirm=_fill(sig.confirm, ev.command_vars) if sig.confirm else None,
+        ))
+    # Causes before symptoms, then by score.
+    matches.sort(key=lambda m: (m.symptom_only, -m.score))
+    preflight = []
+    for p in (ev.inspect, ev.audit):
+        if p is not None:
+            state = "skipped" if p.skipped else "ok" if p.ok else f"FAILED ({p.lost} lost)"
+            preflight.append(f"{p.kind}: {state}" + (f": {p.problems[0]}" if p.problems else ""))
+    fp = ev.fingerprint
+    return CellDiagnosis(
+        cell_id=ev.cell.cell_id, verdict=str(ev.cell.verdict), reasons=sorted(ev.cell.reasons),
+        contrast=ev.contrast.describe() if ev.contrast else "no contrast",
+        log_evidence=_log_lines(ev), preflight=preflight,
+        fingerprint=(f"vLLM {fp.vllm}, runai-model-streamer {fp.runai_model_streamer}, torch {fp.torch}"
+                     + (f", CUDA {fp.cuda}" if fp.cuda else "") + (f", {fp.gpu}" if fp.gpu else "")) if fp else None,
+        matches=matches,
+    )
+
+
+def diagnose(evidence: list[CellEvidence], signatures: list[Signature]) -> Diagnosis:
+    return Diagnosis(cells=[diagnose_cell(ev, signatures) for ev in evidence])
+
+
+SHIPPED_SIGNATURES = Path(__file__).resolve().parent.parent / "signatures"
+
+
+def load_signatures(*folders: Path) -> list[Signature]:
+    """The shipped library, then each folder's *.yaml (a user's id replaces a shipped one)."""
+    by_id: dict[str, Signature] = {}
+    for folder in (SHIPPED_SIGNATURES, *folders):
+        for path in sorted(folder.glob("*.yaml")):
+            try:
+                sig = Signature.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+            except (OSError, yaml.YAMLError, ValidationError) as exc:
+                raise ConfigError(f"{path}: not a valid signature: {exc}") from None
+            by_id[sig.id] = sig
+    return list(by_id.values())

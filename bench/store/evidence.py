@@ -1,0 +1,67 @@
+"""The I/O edge of diagnosis: gather, per failing cell, what bench.core.diagnosis reasons over —
+its server logs (read here, facts taken by bench.core.logfacts), the pre-flight, fingerprints and
+the matrix contrast — and run the signature library over it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.core.config import Config
+from bench.core.contrast import contrast
+from bench.core.diagnosis import CellEvidence, Diagnosis, diagnose, load_signatures
+from bench.core.logfacts import log_facts
+from bench.core.matrix import expand
+from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
+from bench.store.results import read_log_bytes
+
+LOG_BYTES = 512 * 1024  # per run: the end of a longer log (where loading and failures are)
+
+
+def _log(results_path: Path, run: RunRecord) -> str:
+    path = (results_path / run.server.log_path).resolve()
+    if not path.is_relative_to(results_path.resolve()) or not path.is_file():
+        return ""
+    size = path.stat().st_size
+    start = max(0, size - LOG_BYTES)
+    return read_log_bytes(path, start, size - start).decode("utf-8", errors="replace")
+
+
+def gather(
+    results_path: Path, config: Config, summary: Summary, runs: list[RunRecord], requests: list[RequestRecord],
+    fingerprints: list[Fingerprint],
+) -> list[CellEvidence]:
+    cells = {c.id: c for c in expand(config)}
+    contrasts = {c.cell_id: c for c in contrast(summary.cells, fingerprints)}
+    prints = {f.image: f for f in fingerprints}  # the last probe of an image wins
+    preflights: list[PreflightRecord] = summary.preflight
+    out = []
+    for s in summary.cells:
+        cell = cells.get(s.cell_id)
+        if cell is None or not s.verdict.failing:
+            continue
+        judged = sorted((r for r in runs if r.cell_id == s.cell_id and not r.interrupted), key=lambda r: r.repeat)
+        texts = [_log(results_path, r) for r in judged]
+        profile = config.profile(cell.platform)
+        env = {**profile.env, **config.server.env, **cell.image.env, **cell.load_format.env}
+        short = [q.finish_reason or "" for q in requests if q.cell_id == s.cell_id and q.completion_tokens is not None
+                 and q.completion_tokens < config.workload.min_tokens]
+        out.append(CellEvidence(
+            cell=s, vllm_load_format=cell.load_format.vllm_format, env=env, contrast=contrasts.get(s.cell_id),
+            logs=[log_facts(t) for t in texts], log_text="\n".join(texts),
+            fingerprint=prints.get(cell.image.name),
+            inspect=next((p for p in preflights if p.kind == "inspect" and p.model == cell.model.name), None),
+            audit=next((p for p in preflights if p.kind == "audit" and p.model == cell.model.name
+                        and p.image == cell.image.name and p.load_format == cell.load_format.name), None),
+            short_finish_reasons=short,
+            command_vars={"model": cell.model.path, "python": cell.image.python,
+                          "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id},
+        ))
+    return out
+
+
+def diagnose_results(
+    results_path: Path, config: Config, summary: Summary, runs: list[RunRecord], requests: list[RequestRecord],
+    fingerprints: list[Fingerprint],
+) -> Diagnosis:
+    evidence = gather(results_path, config, summary, runs, requests, fingerprints)
+    return diagnose(evidence, load_signatures(*(Path(d) for d in config.signatures)))
