@@ -78,6 +78,7 @@ class Condition(_Strict):
     log: str | None = None  # a regex over the server logs
     env: dict[str, str] | None = None  # the server's environment sets these
     short_finish_reason: str | None = None  # short outputs ended with this finish_reason
+    any: list[Condition] | None = None  # holds when one of these holds (the same fact seen two ways)
 
     @model_validator(mode="after")
     def _one(self) -> Condition:
@@ -87,6 +88,13 @@ class Condition(_Strict):
 
     def check(self, ev: CellEvidence) -> tuple[bool | None, str]:
         """(holds, what the evidence says); holds is None when the evidence cannot tell."""
+        if self.any is not None:
+            results = [c.check(ev) for c in self.any]
+            hit = next((r for r in results if r[0]), None)
+            if hit is not None:
+                return hit
+            unknown = [r for r in results if r[0] is None]
+            return (None if unknown else False), "; ".join(says for _, says in results)
         if self.reason is not None:
             seen = sorted(set(self.reason) & set(ev.cell.reasons))
             return bool(seen), (f"findings: {', '.join(seen)}" if seen else f"none of the findings {', '.join(self.reason)}")

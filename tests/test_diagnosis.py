@@ -1,0 +1,208 @@
+"""Diagnosis, fast tier: log patterns on recorded real vLLM logs (tests/data/logs/), the matrix
+contrast, and each shipped signature against evidence it must match and evidence it must not.
+The slow tier checks the whole chain on real runs (tests/test_e2e_vllm.py, test_e2e_diagnose.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.core.contrast import contrast
+from bench.core.diagnosis import CellEvidence, Signature, diagnose_cell, load_signatures
+from bench.core.logfacts import log_facts
+from bench.core.records import CellSummary, Fingerprint, PreflightRecord
+from bench.core.verdicts import Verdict
+
+LOGS = Path(__file__).parent / "data" / "logs"
+SIGNATURES = {s.id: s for s in load_signatures()}
+
+
+def log(name: str) -> str:
+    return (LOGS / name).read_text()
+
+
+def cell(load_format: str, image: str, verdict: str = "pass", reasons: dict | None = None, model: str = "m",
+         platform: str = "cpu") -> CellSummary:
+    return CellSummary(cell_id=f"{model}__{load_format}__{platform}__{image}", model=model, load_format=load_format,
+                       platform=platform, image=image, baseline_id=None, runs=2, failures=2 if verdict == "fail" else 0,
+                       verdict=Verdict(verdict), reasons=reasons or {})
+
+
+# ---- facts from real logs ----------------------------------------------------------------
+
+def test_the_streamers_progress_bar_stopping_short_is_the_count_never_received():
+    facts = log_facts(log("vllm-0.32-runai-0.16.0-stream-stop.log"))
+    (bar,) = facts.loaders
+    assert (bar.loader, bar.done, bar.total, bar.short) == ("Runai Model Streamer", 0, 21, True)
+    assert facts.weights_load_s is None  # the runai loader never logs a finished load here
+    assert facts.kv_cache_tokens == 1_048_576
+
+
+def test_a_healthy_load_completes_its_bar_and_logs_its_time():
+    runai = log_facts(log("vllm-0.32-runai-0.17.0-healthy.log"))
+    assert [(p.done, p.total, p.short) for p in runai.loaders] == [(272, 272, False)]
+    plain = log_facts(log("vllm-0.32-safetensors-healthy.log"))
+    assert [(p.loader, p.short) for p in plain.loaders] == [("safetensors checkpoint shards", False)]
+    assert plain.weights_load_s is not None and plain.engine_init_s is not None
+    assert plain.warnings == []  # the CPU backend's start-up notice is not a warning that matters
+
+
+def test_boot_errors_and_the_innermost_frames_of_a_traceback():
+    kv = log_facts(log("vllm-0.32-boot-kv-cache-too-small.log"))
+    assert any(e.startswith("ValueError: To serve at least one request") for e in kv.errors), kv.errors
+    shutdown = log_facts(log("vllm-0.32-shutdown-engine-dead.log"))
+    (tb,) = [t for t in shutdown.tracebacks if "EngineDeadError" in t.exception]
+    assert tb.frames[-1].startswith("vllm/v1/engine/core_client.py:") and tb.frames[-1].endswith("in get_output_async")
+
+
+# ---- contrast ----------------------------------------------------------------------------
+
+BUG = {"empty_text": 2, "degenerate": 2}
+
+
+def smoke_like() -> list[CellSummary]:
+    return [cell("safetensors", "s16"), cell("runai_streamer", "s16", "fail", BUG),
+            cell("safetensors", "s17"), cell("runai_streamer", "s17")]
+
+
+def test_the_contrast_names_the_smallest_separating_axis_values_and_the_passing_neighbours():
+    prints = [Fingerprint(image="s16", runai_model_streamer="0.16.0", vllm="0.32.0"),
+              Fingerprint(image="s17", runai_model_streamer="0.17.0", vllm="0.32.0")]
+    (c,) = contrast(smoke_like(), prints)
+    assert c.only_with == {"load_format": "runai_streamer", "image": "s16"}
+    assert {(n.axis, n.value) for n in c.passing_neighbours} == {("load_format", "safetensors"), ("image", "s17")}
+    assert [(f.field, f.failing, f.passing) for f in c.fingerprint] == [("runai_model_streamer", ["0.16.0"], ["0.17.0"])]
+    assert c.describe().startswith("fails only with load_format=runai_streamer and image=s16; passes with ")
+
+
+def test_no_contrast_when_nothing_passes_and_none_for_passing_cells():
+    all_fail = [cell("safetensors", "s16", "fail", BUG), cell("runai_streamer", "s16", "fail", BUG)]
+    assert [c.only_with for c in contrast(all_fail)] == [{}, {}]
+    assert contrast(all_fail)[0].describe() == "no contrast: nothing in the matrix passes to compare with"
+    assert contrast([cell("safetensors", "s16")]) == []
+
+
+# ---- signatures: each against a case it must match and one it must not ---------------------
+
+INSPECT_RISK = PreflightRecord(kind="inspect", model="m", ok=True, notes=[
+    "stream_stop_risk: listing order: stream stops at empty shard model-00001-of-00010 (first); lost 21/21 tensors"])
+AUDIT_LOST = PreflightRecord(kind="audit", model="m", image="s16", load_format="runai_streamer", ok=False, lost=42,
+                             problems=["order=sorted loader=streamer: 0/21 tensors delivered; stream stops at empty shard"])
+
+
+def evidence(c: CellSummary, load_format: str, logs: list[str] = (), **kw) -> CellEvidence:  # type: ignore[assignment]
+    texts = [log(n) for n in logs]
+    return CellEvidence(cell=c, vllm_load_format=load_format, logs=[log_facts(t) for t in texts],
+                        log_text="\n".join(texts), **kw)
+
+
+def first(ev: CellEvidence) -> str | None:
+    d = diagnose_cell(ev, list(SIGNATURES.values()))
+    return d.matches[0].signature if d.matches else None
+
+
+def test_empty_shard_stream_stop_matches_the_smoke_bug_from_contrast_log_and_fingerprint_alone():
+    bug = smoke_like()[1]
+    (c,) = contrast(smoke_like())
+    ev = evidence(bug, "runai_streamer", ["vllm-0.32-runai-0.16.0-stream-stop.log"], contrast=c,
+                  fingerprint=Fingerprint(image="s16", runai_model_streamer="0.16.0"))
+    d = diagnose_cell(ev, list(SIGNATURES.values()))
+    m = d.matches[0]
+    assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == []
+    assert {e.condition.split(":")[0] for e in m.unknown} == {"empty_shards", "audit_lost"}  # no pre-flight here
+    assert "the server's Runai Model Streamer loader stopped at 0/21" in [e.says for e in m.supports]
+    with_preflight = evidence(bug, "runai_streamer", ["vllm-0.32-runai-0.16.0-stream-stop.log"], contrast=c,
+                              fingerprint=Fingerprint(image="s16", runai_model_streamer="0.16.0"),
+                              inspect=INSPECT_RISK, audit=AUDIT_LOST)
+    assert diagnose_cell(with_preflight, list(SIGNATURES.values())).matches[0].score == m.score + 2
+
+
+def test_empty_shard_stream_stop_does_not_match_a_healthy_streamer_or_another_loader():
+    healthy = evidence(cell("runai_streamer", "s17", "fail", {"expectation_failed": 1}), "runai_streamer",
+                       ["vllm-0.32-runai-0.17.0-healthy.log"], fingerprint=Fingerprint(image="s17", runai_model_streamer="0.17.0"))
+    d = diagnose_cell(healthy, [SIGNATURES["runai-empty-shard-stream-stop"]])
+    # It can still be named, but everything specific speaks against it.
+    (m,) = d.matches
+    assert m.score <= 0 and {e.says for e in m.contradicts} >= {
+        "the server's Runai Model Streamer loader completed 272/272", "runai_model_streamer 0.17.0 (outside ≤ 0.16.0)"}
+    plain = evidence(cell("safetensors", "s16", "fail", BUG), "safetensors", ["vllm-0.32-safetensors-healthy.log"])
+    assert first(plain) is None
+
+
+def test_a_failure_no_signature_knows_gets_its_evidence_and_no_cause():
+    odd = evidence(cell("safetensors", "s16", "fail", {"server_died": 1}), "safetensors", ["vllm-0.32-safetensors-healthy.log"])
+    d = diagnose_cell(odd, list(SIGNATURES.values()))
+    assert d.matches == [] and not d.known
+    assert d.log_evidence and d.contrast == "no contrast"
+
+
+@pytest.mark.parametrize("name", ["vllm-0.32-boot-kv-cache-too-small.log", "vllm-0.32-boot-cpu-memory-utilization.log"])
+def test_kv_cache_that_does_not_fit_matches_real_boot_failures(name):
+    ev = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", [name])
+    assert first(ev) == "kv-cache-does-not-fit"
+
+
+def test_kv_cache_does_not_match_a_boot_failure_of_another_kind():
+    ev = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-runai-0.17.0-healthy.log"])
+    assert "kv-cache-does-not-fit" not in [m.signature for m in diagnose_cell(ev, list(SIGNATURES.values())).matches]
+
+
+def test_min_tokens_not_honoured_needs_short_outputs_that_stopped():
+    short = cell("safetensors", "s16", "fail", {"short_output": 2})
+    assert first(evidence(short, "safetensors", short_finish_reasons=["stop", "stop"])) == "min-tokens-not-honoured"
+    assert first(evidence(short, "safetensors", short_finish_reasons=["length"])) is None  # cut by max_tokens, not ignored
+
+
+def test_buffer_reuse_needs_the_audit_to_see_bytes_differ():
+    c = cell("runai_streamer", "s16", "fail", {"weights_lost": 1})
+    reused = PreflightRecord(kind="audit", model="m", image="s16", load_format="runai_streamer", ok=False, lost=0,
+                             problems=["order=sorted loader=vllm: 21/21 tensors delivered, 3 differ from the files"])
+    assert first(evidence(c, "runai_streamer", audit=reused)) == "yielded-tensor-buffer-reuse"
+    assert "yielded-tensor-buffer-reuse" not in [
+        m.signature for m in diagnose_cell(evidence(c, "runai_streamer", audit=AUDIT_LOST), list(SIGNATURES.values())).matches]
+
+
+def test_unicode_decode_error_at_exit_is_named_a_symptom_and_ranked_after_a_cause():
+    text = log("vllm-0.32-runai-0.16.0-stream-stop.log") + (
+        "\nException ignored in atexit callback: <function _clear_torch_ops_cache>\nTraceback (most recent call last):\n"
+        '  File "/x/site-packages/torch/library.py", line 99, in _clear_torch_ops_cache\n'
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte\n")
+    c = cell("runai_streamer", "s16", "fail", {**BUG, "exit_exception": 1})
+    ev = CellEvidence(cell=c, vllm_load_format="runai_streamer", logs=[log_facts(text)], log_text=text)
+    d = diagnose_cell(ev, list(SIGNATURES.values()))
+    assert [m.signature for m in d.matches][:2] == ["runai-empty-shard-stream-stop", "exit-unicode-decode-error"]
+    assert d.matches[1].symptom_only and not d.matches[0].symptom_only
+    clean_exit = evidence(cell("safetensors", "s16", "fail", {"exit_exception": 1}), "safetensors",
+                          ["vllm-0.32-shutdown-engine-dead.log"])
+    assert first(clean_exit) is None
+
+
+def test_memory_limit_zero_matches_the_loud_failure_not_the_silent_one():
+    booted = evidence(cell("runai_streamer", "s16", "fail", {"boot_failed": 2}), "runai_streamer",
+                      ["vllm-0.32-runai-0.16.0-memory-limit-0.log"], env={"RUNAI_STREAMER_MEMORY_LIMIT": "0"})
+    assert first(booted) == "runai-memory-limit-zero"
+    loud = evidence(cell("runai_streamer", "s16", "fail", {"weights_lost": 1}), "runai_streamer",
+                    env={"RUNAI_STREAMER_MEMORY_LIMIT": "0"},
+                    audit=AUDIT_LOST.model_copy(update={"problems": ["loader raised ValueError: max() arg is an empty sequence"]}))
+    assert first(loud) in ("runai-memory-limit-zero", "runai-empty-shard-stream-stop")
+    assert "runai-memory-limit-zero" in [m.signature for m in diagnose_cell(loud, list(SIGNATURES.values())).matches]
+    silent = evidence(cell("runai_streamer", "s16", "fail", BUG), "runai_streamer", ["vllm-0.32-runai-0.16.0-stream-stop.log"])
+    assert "runai-memory-limit-zero" not in [m.signature for m in diagnose_cell(silent, list(SIGNATURES.values())).matches]
+
+
+def test_every_shipped_signature_is_tested_here_and_a_users_own_replaces_a_shipped_one(tmp_path):
+    source = Path(__file__).read_text()
+    assert all(f'"{sid}"' in source for sid in SIGNATURES), sorted(s for s in SIGNATURES if f'"{s}"' not in source)
+    (tmp_path / "mine.yaml").write_text(
+        "id: kv-cache-does-not-fit\ntitle: ours\nrequire: [{reason: [boot_failed]}]\nexplanation: x\nfixes: [y]\n")
+    mine = {s.id: s for s in load_signatures(tmp_path)}
+    assert mine["kv-cache-does-not-fit"].title == "ours" and len(mine) == len(SIGNATURES)
+    assert isinstance(mine["kv-cache-does-not-fit"], Signature)
+
+
+def test_a_quantization_the_platform_lacks_matches_fp8_on_the_cpu_backend_not_a_kv_failure():
+    fp8 = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-boot-fp8-on-cpu.log"])
+    assert first(fp8) == "dtype-or-quantization-unsupported"
+    kv = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-boot-kv-cache-too-small.log"])
+    assert "dtype-or-quantization-unsupported" not in [m.signature for m in diagnose_cell(kv, list(SIGNATURES.values())).matches]
