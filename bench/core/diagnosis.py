@@ -136,8 +136,8 @@ class Condition(_Strict):
         if self.audit_problem is not None:
             if ev.audit is None or ev.audit.skipped:
                 return None, "no pre-flight audit in this environment"
-            hit = next((p for p in ev.audit.problems if re.search(self.audit_problem, p)), None)
-            return hit is not None, f"audit: {hit}" if hit else f"audit: no problem like /{self.audit_problem}/"
+            problem = next((p for p in ev.audit.problems if re.search(self.audit_problem, p)), None)
+            return problem is not None, f"audit: {problem}" if problem else f"audit: no problem like /{self.audit_problem}/"
         if self.log is not None:
             if not ev.log_text:
                 return None, "no server log"
