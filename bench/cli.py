@@ -218,17 +218,17 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     summary = regenerate(path)
     diagnosis = Diagnosis.model_validate_json((path / "diagnosis.json").read_text())
     if not diagnosis.cells:
-        out.print("no failing cell: nothing to diagnose", highlight=False)
+        out.print("no failing cell: nothing to diagnose", highlight=False, soft_wrap=True)
     for line in diagnosis_markdown(diagnosis):
-        out.print(line, highlight=False, markup=False)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     if args.confirm and diagnosis.cells:
-        out.print("## Minimal reproduction", highlight=False, markup=False)
+        out.print("## Minimal reproduction", highlight=False, markup=False, soft_wrap=True)
         for d in diagnosis.cells:
             audit = next((m.confirm for m in d.matches if m.confirm), None)
             if audit:
-                out.print(f"- {d.cell_id}: {audit}", highlight=False, markup=False)
+                out.print(f"- {d.cell_id}: {audit}", highlight=False, markup=False, soft_wrap=True)
             out.print(f"- {d.cell_id}: regbench run {path / 'config.yaml'} --cell {d.cell_id}",
-                      highlight=False, markup=False)
+                      highlight=False, markup=False, soft_wrap=True)
     return summary.exit_code
 
 

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from bench.core.diagnosis import Diagnosis
 from bench.core.records import PreflightRecord, RunRecord, Summary
 
 from .support import SMOKE, one_cell_config, processes_labelled, regbench
@@ -47,6 +48,25 @@ def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
         assert (c.verdict, c.failures, c.runs) == ("pass", 0, 2), c
     md = (run_dir / "summary.md").read_text()
     assert f"| `{STREAMER_BUG}` | **FAIL** | 2/2 |" in md
+
+
+def test_the_diagnosis_names_the_empty_shard_stream_stop_with_its_evidence(smoke_run):
+    _, _, run_dir = smoke_run
+    diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
+    (d,) = diagnosis.cells  # passing cells get no diagnosis
+    assert d.cell_id == STREAMER_BUG
+    assert d.contrast.startswith("fails only with load_format=runai_streamer and image=streamer-0.16.0")
+    assert "weights loader 'Runai Model Streamer' stopped at 0/21: 21 never reached the server" in d.log_evidence
+    m = d.matches[0]
+    assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == [] and m.unknown == []
+    says = " | ".join(e.says for e in m.supports)
+    for evidence in ("stopped at 0/21", "runai_model_streamer 0.16.0 (within ≤ 0.16.0)", "empty shard model-00001",
+                     "0/21 tensors delivered"):
+        assert evidence in says, says
+    assert m.fixes[0].startswith("Upgrade runai-model-streamer to 0.16.1")
+    md = (run_dir / "summary.md").read_text()
+    assert "## Diagnosis" in md and "**Likely cause: runai-model-streamer stops at an empty safetensors shard" in md
+    assert "Diagnosis</h2>" in (run_dir / "report.html").read_text()
 
 
 def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(smoke_run):

@@ -14,6 +14,7 @@ import time
 import pytest
 import yaml
 
+from bench.core.diagnosis import Diagnosis
 from bench.core.records import RunRecord, Summary
 
 from .support import one_cell_config, processes_labelled, regbench
@@ -117,6 +118,9 @@ def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault
     assert cell.reasons == {"exit_exception": 1}, cell  # requests were fine, the exit was not
     (run,) = [RunRecord.model_validate_json(x) for x in (tmp_path / "res" / "r" / "runs.jsonl").read_text().splitlines()]
     assert any("UnicodeDecodeError" in f.detail for f in run.findings)
+    # Named for what it is: a symptom that accompanied #38991, not its cause.
+    (d,) = Diagnosis.model_validate_json((tmp_path / "res" / "r" / "diagnosis.json").read_text()).cells
+    assert [(m.signature, m.symptom_only) for m in d.matches] == [("exit-unicode-decode-error", True)]
     fault("exit_exception", processes_left=len(processes_labelled(tmp_path / "res")))
 
 
