@@ -27,6 +27,7 @@ class LauncherUnavailable(Exception):
 
 class Backend(Protocol):
     name: str
+    audits_here: bool  # its images run on this host with their own Python (bench.serve.launch.Launcher)
 
     def open(self, config: Config, run_id: str) -> Launcher:
         """A launcher for one run; raises LauncherUnavailable."""
