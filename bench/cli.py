@@ -238,7 +238,8 @@ def _confirm(results: ResultsDir, config: Config, summary: Summary) -> None:
     failing = {c.cell_id for c in summary.cells if c.verdict.failing}
     cells = [c for c in expand(config) if c.id in failing]
     have = {(p.kind, p.model, p.image, p.load_format) for p in results.preflights() if not p.skipped}
-    for record in preflight(config, cells, lambda s: err.print(s, highlight=False), audit_here=backend(config.launcher).audits_here):
+    here = backend(config.launcher).audits_here
+    for record in preflight(config, cells, lambda s: err.print(s, highlight=False), audit_here=here):
         if (record.kind, record.model, record.image, record.load_format) not in have:
             results.add_preflight(record.model_copy(update={"notes": [*record.notes, "made by regbench diagnose --confirm"]}))
 

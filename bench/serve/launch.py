@@ -480,7 +480,7 @@ class LocalBackend:
     """bench.serve.launchers.Backend for `launcher: local`."""
 
     name = "local"
-    audits_here = LocalLauncher.audits_here
+    audits_here = True  # as LocalLauncher
 
     def open(self, config: Config, run_id: str) -> LocalLauncher:
         return LocalLauncher(config)

@@ -254,7 +254,7 @@ class DockerBackend:
     """bench.serve.launchers.Backend for `launcher: docker`."""
 
     name = "docker"
-    audits_here = DockerLauncher.audits_here
+    audits_here = False  # as DockerLauncher
 
     def open(self, config: Config, run_id: str) -> DockerLauncher:
         return DockerLauncher(config, run_id)
