@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 from typing import TypeVar
 
-import yaml
 from pydantic import BaseModel
 
 from bench.core.records import RunRecord
@@ -31,7 +30,9 @@ def merge(sources: list[Path], out: Path) -> ResultsDir:
     run_ids = {s.path.name for s in slices}
     if len(run_ids) != 1:
         raise ResultsError(f"the folders are of different runs {sorted(run_ids)}: slices share one --run-id")
-    configs = {s.path: yaml.safe_load((s.path / "config.yaml").read_text(encoding="utf-8")) for s in slices}
+    # Compared as parsed, so that a key one regbench version writes out with its default and an
+    # older one left out does not make the same matrix look different.
+    configs = {s.path: s.config() for s in slices}
     first = next(iter(configs.values()))
     for path, config in configs.items():
         if config != first:
