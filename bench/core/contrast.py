@@ -44,6 +44,7 @@ class Contrast(_Model):
     # twin on every axis passes, or nothing passes at all)
     passing_neighbours: list[Neighbour]
     fingerprint: list[FingerprintDifference]
+    varying: list[str] = []  # the axes with more than one value among the judged cells
 
     def describe(self) -> str:
         parts = []
@@ -85,7 +86,7 @@ def contrast(cells: list[CellSummary], fingerprints: Sequence[Fingerprint] = ())
             if getattr(p, a) != mine[a] and all(getattr(p, b) == mine[b] for b in AXES if b != a)
         ]
         out.append(Contrast(cell_id=cell.cell_id, only_with=only, passing_neighbours=neighbours,
-                            fingerprint=_fingerprint(cell, passing, prints)))
+                            fingerprint=_fingerprint(cell, passing, prints), varying=varying))
     return out
 
 

@@ -103,6 +103,8 @@ class Condition(_Strict):
         if self.contrast_axis is not None:
             if ev.contrast is None or not ev.contrast.only_with:
                 return None, "no contrast in this matrix"
+            if self.contrast_axis not in ev.contrast.varying:
+                return None, f"the matrix has one {self.contrast_axis} only"
             on = self.contrast_axis in ev.contrast.only_with
             return on, ev.contrast.describe() if on else f"the contrast does not involve {self.contrast_axis}"
         if self.loader_short is not None:
@@ -212,21 +214,27 @@ def _condition_text(c: Condition) -> str:
 
 
 def _log_lines(ev: CellEvidence) -> list[str]:
-    lines = []
+    """The log facts of the cell's runs; a fact seen in some runs only says in which."""
+    runs_of: dict[str, list[int]] = {}
     for i, log in enumerate(ev.logs, 1):
-        where = f"run {i}: " if len(ev.logs) > 1 else ""
-        for p in log.short_loaders:
-            lines.append(f"{where}weights loader '{p.loader}' stopped at {p.done}/{p.total}: "
-                         f"{p.total - p.done} never reached the server")
+        lines = [f"weights loader '{p.loader}' stopped at {p.done}/{p.total}: {p.total - p.done} never reached the server"
+                 for p in log.short_loaders]
         if log.weights_load_s is not None:
-            lines.append(f"{where}weights loaded in {log.weights_load_s:g} s")
+            lines.append(f"weights loaded in {log.weights_load_s:g} s")
         if log.kv_cache_tokens is not None:
-            lines.append(f"{where}KV cache {log.kv_cache_tokens:,} tokens")
-        lines += [f"{where}warning: {w}" for w in log.warnings[:3]]
-        lines += [f"{where}error: {e}" for e in log.errors[:3]]
-        for tb in log.tracebacks[:2]:
-            lines.append(f"{where}{tb.exception} (innermost: {' ← '.join(reversed(tb.frames[-3:]))})")
-    return list(dict.fromkeys(lines))[:20]
+            lines.append(f"KV cache {log.kv_cache_tokens:,} tokens")
+        lines += [f"warning: {w}" for w in log.warnings[:3]]
+        lines += [f"error: {e}" for e in log.errors[:3]]
+        lines += [f"{tb.exception} (innermost: {' ← '.join(reversed(tb.frames[-3:]))})" for tb in log.tracebacks[:2]]
+        for line in dict.fromkeys(lines):
+            runs_of.setdefault(line, []).append(i)
+    out = []
+    for line, runs in runs_of.items():
+        if len(runs) == len(ev.logs) or len(ev.logs) == 1:
+            out.append(line)
+        else:
+            out.append(f"run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))} of {len(ev.logs)}: {line}")
+    return out[:20]
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
