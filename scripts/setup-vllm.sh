@@ -16,7 +16,9 @@ PREVIOUS_VERSION=0.31.0
 PREVIOUS_VENV=${REGBENCH_VLLM_PREVIOUS_VENV:-$ROOT/.venv-vllm-$PREVIOUS_VERSION}
 TORCH_VERSION=2.13.0+cpu
 STREAMER_DEFAULT=0.17.0
-STREAMER_OVERLAYS="0.16.0 0.16.1 0.17.0"
+# 0.16.0, 0.16.1, 0.17.0 for the matrices; 0.13.0, 0.13.3, 0.14.0, 0.15.0 for the regimes of older
+# releases the audit is tested on (tests/test_audit.py).
+STREAMER_OVERLAYS="0.16.0 0.16.1 0.17.0 0.13.0 0.13.3 0.14.0 0.15.0"
 STAMP="$VENV/.regbench-vllm-$VLLM_VERSION"
 
 install_vllm() {  # VENV VERSION STREAMER

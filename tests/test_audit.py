@@ -483,3 +483,26 @@ def test_baseline_hashes_equal_what_safetensors_reads(tmp_path):
     done = subprocess.run([default_python(), "-c", script, *files], capture_output=True, text=True, check=True)
     assert sorted(map(tuple, json.loads(done.stdout))) == sorted((h.name, h.sha256) for h in hashes)
     assert len(hashes) == 5
+
+
+# Measured release by release on the canary (README, "Diagnosis"); one release per regime here.
+REGIMES = [
+    ("0.13.0", "fails loudly", "AttributeError: 'NoneType' object has no attribute 'chunks'"),  # only stream_file
+    ("0.13.3", "loses silently", None),  # stream_files without device
+    ("0.14.0", "fails loudly", "ValueError: max() arg is an empty sequence"),
+    ("0.15.0", "loses silently", None),
+    ("0.16.1", "delivers everything", None),
+]
+
+
+@pytest.mark.parametrize(("version", "regime", "error"), REGIMES)
+def test_older_streamer_apis_are_called_the_way_they_take_and_show_their_own_regime(version, regime, error):
+    report = audit_checkpoint(CANARY, default_python(), overlay(version), {}, orders=["sorted"], loaders=["streamer"])
+    [run] = report.runs
+    assert report.streamer_version == version
+    assert "unexpected keyword argument" not in str(run.error) and "no attribute 'stream_files'" not in str(run.error)
+    if regime == "delivers everything":
+        assert report.ok and run.delivered == 21
+    else:
+        assert run.delivered == 0 and report.lost == 21
+        assert (run.error is not None and error in run.error) if regime == "fails loudly" else run.error is None

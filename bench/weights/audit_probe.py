@@ -84,10 +84,24 @@ def tensor_line(torch, order: str, loader: str, name: str, tensor) -> dict:
 
 
 def stream_with_streamer(files: list[str]):
+    """All files in one call, as vLLM does, with the API the installed release has: measured,
+    0.13.0-0.13.2 have only the per-file stream_file, 0.13.3-0.14.0's stream_files takes no
+    device, 0.15.0 and later take one."""
+    import inspect
+
     from runai_model_streamer import SafetensorsStreamer
 
     with SafetensorsStreamer() as streamer:
-        streamer.stream_files(files, device="cpu")
+        many = getattr(streamer, "stream_files", None)
+        if many is None:
+            for path in files:
+                streamer.stream_file(path)
+                yield from streamer.get_tensors()
+            return
+        if "device" in inspect.signature(many).parameters:
+            many(files, device="cpu")
+        else:
+            many(files)
         yield from streamer.get_tensors()
 
 
