@@ -19,6 +19,7 @@ import docker
 import pytest
 import yaml
 
+from bench.core.diagnosis import Diagnosis
 from bench.core.records import RunRecord, Summary
 from bench.serve.launch_docker import LABEL
 
@@ -73,6 +74,17 @@ def test_docker_smoke_gives_the_same_verdicts_as_the_local_launcher(smoke, engin
     assert set(bug.divergence_positions) == {0}
     assert all((c.verdict, c.runs) == ("pass", 2) for c in cells.values()), cells
     assert containers_of(engine, "dsmoke") == []
+
+
+def test_docker_runs_get_the_same_diagnosis_from_the_containers_logs(smoke):
+    _, _, run_dir, _ = smoke
+    (d,) = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text()).cells
+    assert d.cell_id == STREAMER_BUG
+    assert "weights loader 'Runai Model Streamer' stopped at 0/21: 21 never reached the server" in d.log_evidence
+    m = d.matches[0]
+    assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == []
+    # In containers the audit is not made before the cells (it runs on the local launcher only).
+    assert [e.condition for e in m.unknown] == ["audit_lost: True"]
 
 
 def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):
