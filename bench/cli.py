@@ -91,6 +91,10 @@ def _interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    # A process started in the background by a non-interactive shell (a CI step's `cmd &`, nohup)
+    # inherits SIGINT ignored, and Python then leaves it so: Ctrl-C or a runner's SIGINT would
+    # let the servers run on. The bench always stops them cleanly instead.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

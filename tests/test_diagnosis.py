@@ -206,3 +206,12 @@ def test_a_quantization_the_platform_lacks_matches_fp8_on_the_cpu_backend_not_a_
     assert first(fp8) == "dtype-or-quantization-unsupported"
     kv = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-boot-kv-cache-too-small.log"])
     assert "dtype-or-quantization-unsupported" not in [m.signature for m in diagnose_cell(kv, list(SIGNATURES.values())).matches]
+
+
+def test_a_missing_cxx_compiler_matches_the_container_that_died_on_prompt_logprobs():
+    died = evidence(cell("safetensors", "s17", "fail", {"server_died": 1, "reference_nll": 1}), "safetensors",
+                    ["vllm-0.32-container-no-cxx-compiler.log"])
+    assert first(died) == "inductor-no-cxx-compiler"
+    healthy = evidence(cell("safetensors", "s17", "fail", {"server_died": 1}), "safetensors",
+                       ["vllm-0.32-safetensors-healthy.log"])
+    assert "inductor-no-cxx-compiler" not in [m.signature for m in diagnose_cell(healthy, list(SIGNATURES.values())).matches]

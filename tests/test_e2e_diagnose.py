@@ -40,8 +40,9 @@ def test_the_cause_is_named_from_contrast_log_and_fingerprint_alone(no_preflight
     assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == []
     # No pre-flight, and a matrix of one load format: those conditions cannot be told here.
     assert {e.condition.split(":")[0] for e in m.unknown} == {"empty_shards", "audit_lost", "contrast_axis"}
+    assert d.contrast.startswith("fails only with image=streamer-0.16.0; passes with image=streamer-0.17.0")
     says = " | ".join(e.says for e in m.supports)
-    assert "fails only with image=streamer-0.16.0" in says and "stopped at 0/21" in says
+    assert "stopped at 0/21" in says
     assert "runai_model_streamer 0.16.0 (within ≤ 0.16.0)" in says
 
 

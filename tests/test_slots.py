@@ -168,7 +168,16 @@ def test_a_tensor_parallel_cell_takes_several_devices(tmp_path, minimal):
     assert serve_args(cell, cfg.server, 8000, "/m")[-2:] == ["--tensor-parallel-size", "2"]
 
 
-def test_ctrl_c_stops_every_concurrent_server(tmp_path, minimal):
+@pytest.fixture
+def ctrl_c_raises():
+    """As `regbench run` makes sure (bench.cli): a test process started in the background may
+    have inherited SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_every_concurrent_server(tmp_path, minimal, ctrl_c_raises):
     cfg = parse_config(matrix(minimal, ["0", "1"]))
     results = ResultsDir.create(tmp_path, "r", cfg)
     main = threading.get_ident()

@@ -177,7 +177,8 @@ class ReferenceText(Strict):
     enabled: bool = True
     passage: str = Field(default=DEFAULT_PASSAGE, min_length=20)
     # Far above any trained model on plain English, far below a model without weights. A random
-    # test model (like the tiny canary) scores near ln(vocab): turn the ceiling off for it.
+    # test model (like the tiny canary) scores near ln(vocab) with or without its weights: turn
+    # the probe off for it.
     max_mean_nll: float | None = Field(default=6.0, gt=0)
     # Healthy numerics (bf16 vs float32, batching, releases) moved it by < 0.01 here.
     tolerance: float = Field(default=0.5, ge=0)
