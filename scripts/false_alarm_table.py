@@ -15,15 +15,15 @@ Never edited by hand.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 from pathlib import Path
 
+import readme_table
+
 ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "results" / "false-alarms"
-README = ROOT / "README.md"
-BEGIN, END = "<!-- false-alarm-table:begin -->", "<!-- false-alarm-table:end -->"
+SECTION = "false-alarm-table"  # README.md's markers
 MARK = {"pass": "PASS", "fail": "FAIL", "flaky": "FLAKY", "not run": "NOT RUN"}
 
 
@@ -67,15 +67,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cases_of(markdown: str) -> set[str]:
-    return {line.split("|")[1].strip() for line in markdown.splitlines()[2:-1]}
-
-
-def readme_table(text: str) -> str:
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[start:end].strip()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, default=LEDGER, help="folder of the suite's JSON rows")
@@ -85,10 +76,8 @@ def main() -> int:
     args = parser.parse_args()
     rows = rows_from(args.ledger)
     made = table(rows)
-    text = README.read_text()
     if args.write:
-        start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-        README.write_text(text[:start] + "\n" + made + "\n" + text[end:])
+        readme_table.write(SECTION, made)
         return 0
     if not args.check:
         print(made)
@@ -98,19 +87,14 @@ def main() -> int:
     bad += [f"{r['case']}: `exact` passed a broken cell" for r in rows if r["broken"] and r["exact"] == "pass"]
     if not any(r["broken"] for r in rows) or all(r["broken"] for r in rows):
         bad.append(f"{args.ledger}: needs both healthy and broken cases; run the whole suite")
-    current = readme_table(text)
-    if current != made:
-        sys.stdout.writelines(difflib.unified_diff(
-            current.splitlines(True), made.splitlines(True), "README.md", "this suite run"))
-        if cases_of(current) != cases_of(made):
-            bad.append("the README's table lists other cases than this suite run: "
-                       "run scripts/false_alarm_table.py --write after a full run")
+    same, problems = readme_table.check(SECTION, made, "scripts/false_alarm_table.py")
+    bad += problems
     for line in bad:
         print(f"false-alarm table: {line}")
     if bad:
         return 1
     print(f"false-alarm table: {len(rows)} cases, `logprobs` passed every healthy one and failed every broken one"
-          + ("" if current == made else " (figures above differ from the README's)"))
+          + ("" if same else " (figures above differ from the README's)"))
     return 0
 
 

@@ -12,15 +12,15 @@ one row per test marked `@pytest.mark.fault`, see tests/conftest.py). Never edit
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 from pathlib import Path
 
+import readme_table
+
 ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "results" / "faults.json"
-README = ROOT / "README.md"
-BEGIN, END = "<!-- fault-table:begin -->", "<!-- fault-table:end -->"
+SECTION = "fault-table"  # README.md's markers
 
 
 def table(rows: list[dict]) -> str:
@@ -48,15 +48,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def readme_table(text: str) -> str:
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return text[start:end].strip()
-
-
-def kinds_of(markdown: str) -> set[str]:
-    return {line.split("|")[1].strip() for line in markdown.splitlines()[2:-1]}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, default=LEDGER)
@@ -66,27 +57,20 @@ def main() -> int:
     args = parser.parse_args()
     rows = json.loads(args.ledger.read_text())
     made = table(rows)
-    text = README.read_text()
     if args.write:
-        start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-        README.write_text(text[:start] + "\n" + made + "\n" + text[end:])
+        readme_table.write(SECTION, made)
     elif args.check:
         bad = [f"{r['test']}: survived {r['survived']}, records lost {r.get('records_lost')}, "
                f"processes left {r.get('processes_left')}"
                for r in rows if not r["survived"] or r.get("records_lost") or r.get("processes_left")]
-        current = readme_table(text)
-        if current != made:
-            sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(True), made.splitlines(True), "README.md", "this suite run"))
-        if kinds_of(current) != kinds_of(made):
-            bad.append("the README's table lists other faults than this suite run tried: "
-                       "run scripts/fault_table.py --write after a full run")
+        same, problems = readme_table.check(SECTION, made, "scripts/fault_table.py")
+        bad += problems
         for line in bad:
             print(f"fault table: {line}")
         if bad:
             return 1
         print(f"fault table: {len(rows)} fault tests survived, nothing lost, nothing left running"
-              + ("" if current == made else " (figures above differ from the README's)"))
+              + ("" if same else " (figures above differ from the README's)"))
     else:
         print(made)
     return 0

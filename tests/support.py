@@ -198,3 +198,12 @@ def one_cell_config(tmp_path: Path, **changes) -> Path:
     f = tmp_path / "one.yaml"
     f.write_text(yaml.safe_dump(config))
     return f
+
+
+# One prompt of each request shape the client sends: completion and chat, whole and streamed.
+FOUR_SHAPES = [
+    {"id": "c", "prompt": "def main():"},
+    {"id": "cs", "prompt": "x", "stream": True},
+    {"id": "chat", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]},
+    {"id": "chat-s", "kind": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+]

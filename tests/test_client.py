@@ -10,16 +10,12 @@ from bench.core.records import ErrorKind
 from bench.serve.client import run_workload
 
 from .fakeserver import FakeServer
+from .support import FOUR_SHAPES
 
 
 @pytest.fixture
 def workload(minimal):
-    minimal["workload"]["prompts"] = [
-        {"id": "c", "prompt": "def main():"},
-        {"id": "cs", "prompt": "x", "stream": True},
-        {"id": "chat", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]},
-        {"id": "chat-s", "kind": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-    ]
+    minimal["workload"]["prompts"] = FOUR_SHAPES
     minimal["workload"]["request_timeout_s"] = 2
     minimal["workload"]["concurrency"] = 2
     return parse_config(minimal).workload

@@ -20,6 +20,7 @@ from bench.core.verdicts import Finding, Reason, TokenDivergence
 from bench.serve.client import run_workload, score_reference
 
 from .fakeserver import FakeServer
+from .support import FOUR_SHAPES
 
 
 def pos(token: int, *alternatives: int, text: str | None = None) -> TokenLogprobs:
@@ -89,12 +90,7 @@ def test_a_divergence_finding_names_both_tokens_their_texts_logprobs_and_ranks()
 
 @pytest.fixture
 def workload(minimal):
-    minimal["workload"]["prompts"] = [
-        {"id": "c", "prompt": "def main():"},
-        {"id": "cs", "prompt": "x", "stream": True},
-        {"id": "chat", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]},
-        {"id": "chat-s", "kind": "chat", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-    ]
+    minimal["workload"]["prompts"] = FOUR_SHAPES
     minimal["workload"]["request_timeout_s"] = 5
     minimal["workload"]["max_tokens"] = minimal["workload"]["min_tokens"] = 16
     return parse_config(minimal).workload
