@@ -264,13 +264,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _emit(report, as_json: bool, render) -> int:
-    """Prints an inspect or audit report; exit 1 when it found a problem."""
+    """Prints an inspect or audit report; exit 1 when it found a problem, 2 when an audit could
+    not tell (the probe does not support the loader release)."""
     if as_json:
         print(report.model_dump_json(indent=2))
     else:
         for part in render(report):
             out.print(part, highlight=False)
-    return EXIT_PASS if report.ok else EXIT_FAIL
+    if report.ok:
+        return EXIT_PASS
+    return EXIT_FAIL if report.problems else EXIT_USAGE
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

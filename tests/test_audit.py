@@ -506,3 +506,35 @@ def test_older_streamer_apis_are_called_the_way_they_take_and_show_their_own_reg
     else:
         assert run.delivered == 0 and report.lost == 21
         assert (run.error is not None and error in run.error) if regime == "fails loudly" else run.error is None
+
+
+def fake_streamer(root: Path, version: str, body: str) -> str:
+    """An overlay holding a made-up runai-model-streamer release (package and metadata)."""
+    pkg = root / "runai_model_streamer"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(body)
+    meta = root / f"runai_model_streamer-{version}.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: runai-model-streamer\nVersion: {version}\n")
+    return str(root)
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    ("", "no SafetensorsStreamer"),
+    ("class SafetensorsStreamer:\n"
+     "    def __enter__(self): return self\n"
+     "    def __exit__(self, *a): pass\n"
+     "    def get_tensors(self): return iter(())\n"
+     "    def stream_files(self, requests, credentials, device): pass\n", "take other arguments"),
+])
+@needs_vllm
+def test_a_release_the_probe_cannot_call_is_unsupported_never_a_loss(tmp_path, capsys, body, why):
+    path = fake_streamer(tmp_path / "overlay", "0.0.1", body)
+    report = audit_checkpoint(CANARY, default_python(), [path], {}, orders=["sorted", "listing"], loaders=["streamer"])
+    assert report.streamer_version == "0.0.1"
+    assert [r.unsupported is not None and why in r.unsupported for r in report.runs] == [True, True]
+    assert report.lost == 0 and not report.problems and not report.ok
+    assert all(r.missing == [] and r.stop is None and r.error is None for r in report.runs)
+    assert main(["audit", str(CANARY), "--pythonpath", path, "--loaders", "streamer"]) == 2
+    shown = capsys.readouterr().out
+    assert "probe not supported by this loader version" in shown and "lost" not in shown

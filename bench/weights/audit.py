@@ -112,6 +112,7 @@ class ProbeEnd(Record):
     loader: str
     error: str | None
     seconds: float
+    unsupported: str | None = None  # the probe cannot drive this loader release: nothing was audited
 
 
 class ProbeDone(Record):
@@ -168,14 +169,26 @@ class RunResult(Record):
     stop: StreamStop | None = None
     error: str | None = None  # the loader raised, timed out, or the probe died during this run
     seconds: float | None = None
+    # The probe has no way to call this release of the loader: the run says nothing about the
+    # weights, so it has no missing tensors and is neither ok nor a problem.
+    unsupported: str | None = None
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.extra or self.duplicated or self.mismatched or self.error)
+        return not (self.missing or self.extra or self.duplicated or self.mismatched or self.error
+                    or self.unsupported)
+
+    @property
+    def problem(self) -> bool:
+        """Lost, altered or raised: a finding about the loader (an unsupported run is none)."""
+        return not self.ok and not self.unsupported
 
     def line(self, with_stop: bool = True) -> str:
         """One line per run; ``with_stop=False`` leaves out the stop's description (``stop.describe()``,
         the same words as `inspect`'s) for a view that prints it on a line of its own."""
+        if self.unsupported:
+            return (f"order={self.order} loader={self.loader}: not audited, probe not supported by this "
+                    f"loader version: {self.unsupported}")
         text = f"order={self.order} loader={self.loader}: {self.delivered}/{self.expected} tensors delivered"
         stopped = set(self.stop.lost_files) if self.stop is not None else set()
         if self.stop is not None and with_stop:
@@ -225,7 +238,13 @@ class AuditReport(Record):
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """Every run audited and none lost, altered or raised."""
+        return not self.problems and not self.unsupported
+
+    @property
+    def unsupported(self) -> list[str]:
+        """Why runs could not be audited with this loader release (see RunResult.unsupported)."""
+        return sorted({r.unsupported for r in self.runs if r.unsupported})
 
     @property
     def lost(self) -> int:
@@ -446,6 +465,10 @@ def audit_checkpoint(
             if loader == "vllm" and probe.hello.vllm_error is not None:
                 continue
             end = probe.ended.get(key)
+            if end is not None and end.unsupported is not None:
+                results.append(RunResult(order=run.order, loader=loader, files=run.files, expected=len(baseline),
+                                         delivered=0, seconds=end.seconds, unsupported=end.unsupported))
+                continue
             if end is not None:
                 error, seconds = end.error, end.seconds
             elif key in probe.begun:
@@ -467,7 +490,7 @@ def audit_checkpoint(
         baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code,
         probe_seconds=round(probe_s, 3), probe_import_seconds=probe.hello.import_seconds,
         probe_vllm_seconds=probe.hello.vllm_seconds, runs=results,
-        checkpoint_problems=report.problems, problems=[r.line() for r in results if not r.ok],
+        checkpoint_problems=report.problems, problems=[r.line() for r in results if r.problem],
     )
 
 
@@ -511,13 +534,18 @@ def render(report: AuditReport) -> list[RenderableType]:
         out.append(Text(f"loader=vllm: {report.vllm_iterator}", style="dim"))
     out += [Text(f"loader={s.loader} skipped: {s.reason}", style="yellow") for s in report.skipped]
     for run in report.runs:
-        out.append(Text(("✓ " if run.ok else "✗ ") + run.line(with_stop=False), style="green" if run.ok else "red"))
+        mark, style = ("✓ ", "green") if run.ok else ("? ", "yellow") if run.unsupported else ("✗ ", "red")
+        out.append(Text(mark + run.line(with_stop=False), style=style))
         if run.stop is not None:
             out.append(Text(f"    {run.stop.describe()}", style="red"))
         out += [Text(f"    {d}") for d in details(run)]
     if report.checkpoint_problems:
         out.append(Text(f"inspect found {len(report.checkpoint_problems)} problem(s) in the checkpoint "
                         "(`regbench inspect` for details)", style="yellow"))
-    out.append(Text(f"{len(report.problems)} run(s) lost or altered weights" if report.problems
-                    else "every tensor arrived intact in every run", style="bold red" if report.problems else "bold green"))
+    if report.problems:
+        out.append(Text(f"{len(report.problems)} run(s) lost or altered weights", style="bold red"))
+    elif report.unsupported:
+        out.append(Text("nothing audited: the probe does not support this loader version", style="bold yellow"))
+    else:
+        out.append(Text("every tensor arrived intact in every run", style="bold green"))
     return out

@@ -26,7 +26,9 @@ streamer log to stdout, so fd 1 is pointed at stderr before any of them is impor
   {"type": "probe", versions..., how vLLM's iterator was loaded, import seconds}   first
   {"type": "begin", "order", "loader"}
   {"type": "tensor", "order", "loader", "name", "dtype", "shape", "nbytes", "sha256"}
-  {"type": "end", "order", "loader", "error", "seconds"}   error: a loader that raised, a finding
+  {"type": "end", "order", "loader", "error", "seconds", "unsupported"}
+      error: a loader that raised, a finding; unsupported: the probe does not know how to call this
+      release of the loader (no API it can drive), which says nothing about the weights
   {"type": "done", "streamer_version"}           last, after every run
   {"type": "fatal", "error"}                     instead, when the probe itself cannot work
 """
@@ -83,25 +85,61 @@ def tensor_line(torch, order: str, loader: str, name: str, tensor) -> dict:
     )
 
 
-def stream_with_streamer(files: list[str]):
-    """All files in one call, as vLLM does, with the API the installed release has: measured,
-    0.13.0-0.13.2 have only the per-file stream_file, 0.13.3-0.14.0's stream_files takes no
-    device, 0.15.0 and later take one."""
+class Unsupported(Exception):
+    """This release of the loader has no API the probe knows how to drive: not a finding about
+    the weights, and never reported as one."""
+
+
+def _fits(call, *args, **kwargs) -> bool:
     import inspect
 
-    from runai_model_streamer import SafetensorsStreamer
+    try:
+        inspect.signature(call).bind(*args, **kwargs)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): try the call
+        return True
+    return True
 
-    with SafetensorsStreamer() as streamer:
-        many = getattr(streamer, "stream_files", None)
-        if many is None:
+
+def streamer_api():
+    """How to hand the files to the installed release, decided before any call so that an error
+    raised while streaming is always the loader's own. Measured: 0.13.0-0.13.2 have only the
+    per-file stream_file, 0.13.3-0.14.0's stream_files takes no device, 0.15.0 and later take one.
+    Raises Unsupported for a release with none of these."""
+    try:
+        from runai_model_streamer import SafetensorsStreamer
+    except ImportError as exc:
+        raise Unsupported(f"runai_model_streamer has no SafetensorsStreamer ({describe(exc)})") from None
+    needs = [n for n in ("__enter__", "__exit__", "get_tensors") if not hasattr(SafetensorsStreamer, n)]
+    if needs:
+        raise Unsupported(f"SafetensorsStreamer has no {', '.join(needs)}")
+    many = getattr(SafetensorsStreamer, "stream_files", None)
+    one = getattr(SafetensorsStreamer, "stream_file", None)
+    if many is not None and _fits(many, None, ["f"], device="cpu"):
+        return SafetensorsStreamer, "stream_files(device)"
+    if many is not None and _fits(many, None, ["f"]):
+        return SafetensorsStreamer, "stream_files"
+    if one is not None and _fits(one, None, "f"):
+        return SafetensorsStreamer, "stream_file"
+    found = [n for n, f in (("stream_files", many), ("stream_file", one)) if f is not None]
+    raise Unsupported("SafetensorsStreamer has no stream_files(paths) or stream_file(path)"
+                      + (f" ({', '.join(found)} take other arguments)" if found else ""))
+
+
+def stream_with_streamer(files: list[str]):
+    """All files in one call, as vLLM does, with the API the installed release has."""
+    streamer_class, api = streamer_api()
+    with streamer_class() as streamer:
+        if api == "stream_file":
             for path in files:
                 streamer.stream_file(path)
                 yield from streamer.get_tensors()
             return
-        if "device" in inspect.signature(many).parameters:
-            many(files, device="cpu")
+        if api == "stream_files(device)":
+            streamer.stream_files(files, device="cpu")
         else:
-            many(files)
+            streamer.stream_files(files)
         yield from streamer.get_tensors()
 
 
@@ -278,15 +316,17 @@ def main(argv: list[str]) -> int:
         for loader in (name for name in plan["loaders"] if name in loaders):
             emit(type="begin", order=run["order"], loader=loader)
             started = time.monotonic()
-            error = None
+            error = unsupported = None
             try:
                 for name, tensor in loaders[loader](list(run["files"])):
                     emit(**tensor_line(torch, run["order"], loader, name, tensor))
+            except Unsupported as exc:
+                unsupported = str(exc)
             except Exception as exc:
                 # A loader that raised is what the audit is looking for: report it and go on.
                 traceback.print_exc()
                 error = describe(exc)
-            emit(type="end", order=run["order"], loader=loader, error=error,
+            emit(type="end", order=run["order"], loader=loader, error=error, unsupported=unsupported,
                  seconds=round(time.monotonic() - started, 3))
     emit(type="done", streamer_version=streamer_version)
     return 0

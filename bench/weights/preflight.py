@@ -61,8 +61,12 @@ def preflight(
         except (AuditError, ProbeError, NotACheckpoint) as exc:
             out.append(base.model_copy(update={"skipped": True, "notes": [str(exc)]}))
             continue
+        if audit.unsupported and not audit.problems:
+            out.append(base.model_copy(update={"skipped": True, "notes": [
+                f"probe not supported by runai-model-streamer {audit.streamer_version}: " + "; ".join(audit.unsupported)]}))
+            continue
         out.append(base.model_copy(update={
-            "ok": audit.ok, "lost": audit.lost, "problems": list(audit.problems),
+            "ok": not audit.problems, "lost": audit.lost, "problems": list(audit.problems),
             "notes": [f"runai-model-streamer {audit.streamer_version}: " + "; ".join(r.line() for r in audit.runs)],
         }))
     return out
