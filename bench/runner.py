@@ -165,7 +165,7 @@ def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: La
     """Before any cell: the pre-flight checks of the weights and each image's fingerprint, each
     once per results folder (a resumed run keeps what it has)."""
     if config.preflight and not results.preflights():
-        for record in preflight(config, cells, status, audit_here=launcher.audits_here):
+        for record in preflight(config, cells, status, audit_in=launcher.audit_in, run_id=results.path.name):
             results.add_preflight(record)
     printed = {f.image for f in results.fingerprints()}
     for image in {c.image.name: c.image for c in cells}.values():
@@ -178,8 +178,10 @@ class Schedule:
     """The runs still to do, in matrix order, and early stop: thread-safe."""
 
     def __init__(self, config: Config, cells: list[Cell], done: frozenset[tuple[str, int]],
-                 earlier: list[RunRecord], status: Callable[[str], None]):
-        self.early_stop = config.early_stop
+                 earlier: list[RunRecord], status: Callable[[str], None],
+                 settled: Callable[[int, int, int], bool] | None = None):
+        # settled(failures, runs, planned): enough repeats of a cell; the config's early stop by default.
+        self.settled = settled or (verdict_settled if config.early_stop else None)
         self.status = status
         self.todo = deque((cell, repeat) for cell in cells for repeat in range(1, cell.repeats + 1)
                           if (cell.id, repeat) not in done)
@@ -194,8 +196,8 @@ class Schedule:
             while self.todo and not stop.stopped:
                 cell, repeat = self.todo.popleft()
                 outcomes = self.failed.get(cell.id, [])
-                if self.early_stop and outcomes and verdict_settled(sum(outcomes), len(outcomes), cell.repeats):
-                    self.status(f"{cell.id}: verdict settled after {len(outcomes)} runs, skipping #{repeat}")
+                if self.settled and outcomes and self.settled(sum(outcomes), len(outcomes), cell.repeats):
+                    self.status(f"{cell.id}: settled after {len(outcomes)} runs, skipping #{repeat}")
                     continue
                 return cell, repeat
         return None
@@ -306,19 +308,21 @@ def run_matrix(
     done: frozenset[tuple[str, int]] = frozenset(),
     locks: Path | None = None,
     stop: StopToken | None = None,
+    settled: Callable[[int, int, int], bool] | None = None,
 ) -> Summary:
     """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation).
 
     Ctrl-C (KeyboardInterrupt in the calling thread) or `stop` set from elsewhere stops every
     server and ends the run as interrupted; an error in a worker (results that cannot be
-    written) stops the others too and is raised once every server is down."""
+    written) stops the others too and is raised once every server is down. `settled(failures,
+    runs, planned)` ends a cell's repeats early (default: the config's early_stop rule)."""
     launcher = launcher or open_launcher(config, results.path.name)
     progress = progress or NoProgress()
     stop = stop or StopToken()
     pools = device_pools(config, cells, locks)
     started = time.time()
     interrupted = False
-    schedule = Schedule(config, cells, done, results.runs(), progress.status)
+    schedule = Schedule(config, cells, done, results.runs(), progress.status, settled)
     workers = Workers(config, schedule, pools, launcher, results, progress, stop)
     try:
         progress.start(schedule.total)

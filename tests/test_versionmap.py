@@ -1,0 +1,215 @@
+"""Version maps and bisect: the pure rules (regimes, change points, where a bisect goes next) and
+the drivers (saving after every probe, continuing a folder), with a probe function standing in
+for the audit or a cell: what is tested here is the walk, not what a probe finds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.cli import main
+from bench.core.verdicts import Reason
+from bench.core.versionmap import (
+    BisectError,
+    Kind,
+    Outcome,
+    Plan,
+    VersionMap,
+    bisect_state,
+    cell_kind,
+    change_points,
+    regimes,
+    settled,
+)
+from bench.report.versions import markdown
+from bench.versions import VersionsError, open_map, run_bisect, run_map, write_versions
+from bench.weights.overlays import OverlayError, select_versions
+
+VERSIONS = [f"1.{i}" for i in range(10)]
+
+
+def outcome(version: str, kind: Kind, runs: int = 1) -> Outcome:
+    return Outcome(version=version, kind=kind, runs=runs, failures=0 if kind.good else runs)
+
+
+def test_regimes_group_adjacent_versions_and_name_each_change():
+    kinds = [Kind.FAILS_AT_LOAD] * 2 + [Kind.LOSES_WEIGHTS] + [Kind.FAILS_AT_LOAD] + [Kind.PASSES] * 2
+    outs = [outcome(v, k) for v, k in zip(VERSIONS, kinds)]
+    assert [(r.span, r.kind) for r in regimes(outs)] == [
+        ("1.0 – 1.1", Kind.FAILS_AT_LOAD), ("1.2", Kind.LOSES_WEIGHTS), ("1.3", Kind.FAILS_AT_LOAD),
+        ("1.4 – 1.5", Kind.PASSES)]
+    assert [c.describe() for c in change_points(outs)] == [
+        "1.1 → 1.2: fails loudly at load → loses weights silently",
+        "1.2 → 1.3: loses weights silently → fails loudly at load",
+        "1.3 → 1.4: fails loudly at load → passes"]
+
+
+def test_a_version_the_probe_cannot_tell_is_neither_good_nor_bad():
+    assert Kind.UNSUPPORTED.good is None and Kind.NOT_INSTALLED.good is None
+    assert Kind.PASSES.good is True and all(k.good is False for k in (Kind.LOSES_WEIGHTS, Kind.EMPTY_COMPLETIONS))
+    assert outcome("1.0", Kind.UNSUPPORTED).sureness(0.5) == "cannot tell"
+
+
+def test_a_passing_version_is_as_sure_as_its_runs_and_one_failure_settles():
+    plan = Plan(rate=0.5, confidence=0.95)
+    assert plan.repeats == 5
+    assert [settled(0, n, plan) for n in range(1, 6)] == [False] * 4 + [True]
+    assert settled(1, 1, plan)
+    assert "probability 97%" in outcome("1.0", Kind.PASSES, runs=5).sureness(0.5)
+    assert "failed 1 of 1" in outcome("1.0", Kind.EMPTY_COMPLETIONS).sureness(0.5)
+
+
+def test_a_cells_kind_from_the_judges_reasons():
+    assert cell_kind({Reason.BOOT_TIMEOUT, Reason.EMPTY_TEXT}) == Kind.BOOT_FAILS
+    assert cell_kind({Reason.EMPTY_TEXT, Reason.WEIGHTS_LOST}) == Kind.EMPTY_COMPLETIONS
+    assert cell_kind({Reason.WEIGHTS_LOST, Reason.DIVERGENCE}) == Kind.LOSES_WEIGHTS
+    assert cell_kind({Reason.EXPECTATION_FAILED}) == Kind.WRONG_OUTPUTS
+    assert cell_kind(set()) == Kind.PASSES
+
+
+def walk(versions, good, bad, truth, limit=100):
+    """Runs a bisect to its end against `truth` (version -> kind); returns the states' probes and the last."""
+    outcomes: dict[str, Outcome] = {}
+    probed = []
+    state = bisect_state(versions, good, bad, outcomes)
+    while state.next is not None and len(probed) < limit:
+        probed.append(state.next)
+        outcomes[state.next] = outcome(state.next, truth[state.next])
+        state = bisect_state(versions, good, bad, outcomes)
+    return probed, state
+
+
+def test_bisect_probes_both_ends_then_halves():
+    truth = {v: Kind.LOSES_WEIGHTS if i < 7 else Kind.PASSES for i, v in enumerate(VERSIONS)}
+    probed, state = walk(VERSIONS, "1.9", "1.0", truth)
+    assert probed[:2] == ["1.9", "1.0"]
+    assert state.change is not None and (state.change.before, state.change.after) == ("1.6", "1.7")
+    assert state.change.describe() == "1.6 → 1.7: loses weights silently → passes"  # in version order
+    assert len(probed) <= 2 + math.ceil(math.log2(len(VERSIONS) - 2)) < len(VERSIONS)
+
+
+def test_bisect_steps_over_versions_it_cannot_tell_and_names_them():
+    truth = {v: Kind.PASSES if i < 3 else Kind.UNSUPPORTED if i < 6 else Kind.EMPTY_COMPLETIONS
+             for i, v in enumerate(VERSIONS)}
+    probed, state = walk(VERSIONS, "1.0", "1.9", truth)
+    assert state.change is not None
+    assert (state.change.before, state.change.after, state.change.untested) == ("1.2", "1.6", ["1.3", "1.4", "1.5"])
+    assert "untested between them" in state.change.describe()
+
+
+@pytest.mark.parametrize(("good_kind", "bad_kind", "says"), [
+    (Kind.EMPTY_COMPLETIONS, Kind.EMPTY_COMPLETIONS, "the good end 1.0 does not pass"),
+    (Kind.PASSES, Kind.PASSES, "no change between 1.0 and 1.9: the bad end passes too"),
+    (Kind.PASSES, Kind.UNSUPPORTED, "the bad end cannot be told"),
+])
+def test_bisect_ends_that_do_not_differ_are_said_plainly(good_kind, bad_kind, says):
+    truth = {v: good_kind for v in VERSIONS} | {"1.9": bad_kind}
+    probed, state = walk(VERSIONS, "1.0", "1.9", truth)
+    assert probed == ["1.0", "1.9"] and state.change is None and says in state.verdict
+
+
+def test_bisect_ends_must_be_two_known_versions():
+    with pytest.raises(BisectError, match="not one of the versions"):
+        bisect_state(VERSIONS, "2.0", "1.0", {})
+    with pytest.raises(BisectError, match="same version"):
+        bisect_state(VERSIONS, "1.0", "1.0", {})
+
+
+@given(st.integers(min_value=2, max_value=60), st.data())
+def test_bisect_finds_the_one_change_of_any_monotone_range_in_logarithmic_probes(n, data):
+    versions = [f"0.{i}" for i in range(n)]
+    change = data.draw(st.integers(min_value=1, max_value=n - 1))
+    fixed = data.draw(st.booleans())  # searching for a fix (bad end older) or a regression
+    truth = {v: (Kind.PASSES if (i >= change) == fixed else Kind.LOSES_WEIGHTS) for i, v in enumerate(versions)}
+    good, bad = (versions[-1], versions[0]) if fixed else (versions[0], versions[-1])
+    probed, state = walk(versions, good, bad, truth)
+    assert state.change is not None
+    assert (state.change.before, state.change.after) == (versions[change - 1], versions[change])
+    assert len(probed) <= 2 + math.ceil(math.log2(n - 1))  # m versions inside: ceil(log2(m + 1))
+    assert len(set(probed)) == len(probed)
+
+
+# --- the drivers --------------------------------------------------------------------------------
+
+
+def fresh(mode="map", versions=VERSIONS, good=None, bad=None) -> VersionMap:
+    return VersionMap(mode=mode, axis="runai-model-streamer", probe="made up", versions=versions,
+                      plan=Plan(rate=1.0, confidence=0.95), outcomes=[], good=good, bad=bad)
+
+
+class Probe:
+    """Stands in for the audit or a cell: answers from `truth`, counts its calls, and can be told
+    to come back unsettled (an interrupt) at its n-th call."""
+
+    def __init__(self, truth, interrupt_at=None):
+        self.truth, self.interrupt_at, self.calls = truth, interrupt_at, []
+
+    def __call__(self, version: str, folder: Path, plan: Plan):
+        self.calls.append(version)
+        if len(self.calls) == self.interrupt_at:
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        return outcome(version, self.truth[version]).model_copy(update={"folder": f"probes/{version}"})
+
+
+def test_an_interrupted_map_keeps_what_it_probed_and_the_same_folder_continues(tmp_path):
+    truth = {v: Kind.LOSES_WEIGHTS if i < 4 else Kind.PASSES for i, v in enumerate(VERSIONS)}
+    saved = []
+    probe = Probe(truth, interrupt_at=7)
+    first = run_map(probe, tmp_path, open_map(tmp_path, fresh()), lambda m: (saved.append(m), write_versions(tmp_path, m)))
+    assert first.interrupted and [o.version for o in first.outcomes] == VERSIONS[:6]
+    assert len(saved) >= 6 and "Interrupted" in (tmp_path / "summary.md").read_text()
+    again = Probe(truth)
+    second = run_map(again, tmp_path, open_map(tmp_path, fresh()), lambda m: write_versions(tmp_path, m))
+    assert again.calls == VERSIONS[6:]  # nothing probed twice
+    assert not second.interrupted and [o.version for o in second.in_order()] == VERSIONS
+    assert [r.span for r in second.regimes] == ["1.0 – 1.3", "1.4 – 1.9"]
+    text = (tmp_path / "summary.md").read_text()
+    assert "| 1.0 – 1.3 | loses weights silently |" in text and "1.3 → 1.4" in text
+
+
+def test_a_bisect_resumes_from_its_probe_folders_and_reports_every_probe(tmp_path):
+    truth = {v: Kind.EMPTY_COMPLETIONS if i < 6 else Kind.PASSES for i, v in enumerate(VERSIONS)}
+    start = fresh("bisect", good="1.9", bad="1.0")
+    first = run_bisect(Probe(truth, interrupt_at=3), tmp_path, open_map(tmp_path, start),
+                       lambda m: write_versions(tmp_path, m))
+    assert first.interrupted and [o.version for o in first.outcomes] == ["1.9", "1.0"]
+    again = Probe(truth)
+    done = run_bisect(again, tmp_path, open_map(tmp_path, start), lambda m: write_versions(tmp_path, m))
+    assert "1.9" not in again.calls and "1.0" not in again.calls
+    assert done.bisect is not None and done.bisect.change is not None
+    assert (done.bisect.change.before, done.bisect.change.after) == ("1.5", "1.6")
+    text = markdown(done)
+    assert f"{len(done.outcomes)} probe(s) for 10 versions" in text
+    assert all(f"| {o.version} |" in text for o in done.outcomes)
+
+
+def test_a_folder_holding_another_question_is_refused(tmp_path):
+    write_versions(tmp_path, fresh())
+    with pytest.raises(VersionsError, match="versions differ"):
+        open_map(tmp_path, fresh(versions=VERSIONS[:3]))
+
+
+def test_version_lists_and_ranges():
+    available = ["0.13.0", "0.13.1", "0.14.0", "0.15.0rc1", "0.15.0", "0.16.0"]
+    assert select_versions("0.13.1..0.15.0", available) == ["0.13.1", "0.14.0", "0.15.0"]
+    assert select_versions("0.16.0, 0.13.0", None) == ["0.16.0", "0.13.0"]
+    for bad in ("0.13.0,0.13.0", "0.9..0.10", "a b"):
+        with pytest.raises(OverlayError):
+            select_versions(bad, available)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["versions", "--streamer", "0.16.0"], "--audit CKPT"),
+    (["versions", "--audit", "x", "--config", "y", "--streamer", "0.16.0"], "--audit CKPT"),
+    (["versions", "--audit", "x"], "--streamer VERSIONS or --images"),
+    (["versions", "--audit", "x", "--images", "a"], "--images needs a matrix"),
+    (["bisect", "--good", "0.1", "--bad", "0.2", "--audit", ".", "--streamer", "0.1,0.3"], "--bad 0.2"),
+])
+def test_versions_usage_errors_exit_2(args, says, capsys):
+    assert main(args) == 2
+    assert says in capsys.readouterr().err
