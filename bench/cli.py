@@ -23,18 +23,40 @@ from bench.core.records import RunRecord, Summary, TokenDiff
 from bench.core.redact import redactor_for
 from bench.core.slicing import github_matrix, parse_shard, slice_cells
 from bench.core.stats import detection_probability, percent_range, repeats_needed, wilson_interval
+from bench.core.stop import StopToken
 from bench.core.tokens import Comparator, comparator_for
-from bench.report.summary import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, EXIT_WRITE, diagnosis_markdown, table
+from bench.core.versionmap import Plan, VersionMap
+from bench.report.summary import (
+    EXIT_FAIL,
+    EXIT_INTERRUPTED,
+    EXIT_PASS,
+    EXIT_USAGE,
+    EXIT_WRITE,
+    diagnosis_markdown,
+    table,
+)
+from bench.report.versions import table as versions_table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.serve.platforms import host_facts, select
 from bench.store.merge import merge
 from bench.store.publish import load_side, open_results, rederive, regenerate
 from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
+from bench.versions import (
+    AuditProbe,
+    CellProbe,
+    VersionsError,
+    find_cell,
+    open_map,
+    run_bisect,
+    run_map,
+    write_versions,
+)
 from bench.weights.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, ProbeError, audit_checkpoint, default_python
 from bench.weights.audit import render as render_audit
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.weights.checkpoint import render as render_checkpoint
+from bench.weights.overlays import OverlayError, available_versions, default_cache, select_versions
 from bench.weights.preflight import preflight
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -242,8 +264,8 @@ def _confirm(results: ResultsDir, config: Config, summary: Summary) -> None:
     failing = {c.cell_id for c in summary.cells if c.verdict.failing}
     cells = [c for c in expand(config) if c.id in failing]
     have = {(p.kind, p.model, p.image, p.load_format) for p in results.preflights() if not p.skipped}
-    here = backend(config.launcher).audits_here
-    for record in preflight(config, cells, lambda s: err.print(s, highlight=False), audit_here=here):
+    here = backend(config.launcher).audit_in
+    for record in preflight(config, cells, lambda s: err.print(s, highlight=False), audit_in=here):
         if (record.kind, record.model, record.image, record.load_format) not in have:
             results.add_preflight(record.model_copy(update={"notes": [*record.notes, "made by regbench diagnose --confirm"]}))
 
@@ -309,19 +331,104 @@ def cmd_audit(args: argparse.Namespace) -> int:
         raise ConfigError("nothing to audit: give --orders or --shuffles")
     if args.shuffles < 0:
         raise ConfigError("--shuffles must be >= 0")
-    for d in args.pythonpath:
-        if not Path(d).is_dir():
-            raise ConfigError(f"--pythonpath {d}: not a directory")
-    python = args.python or default_python()
-    err.print(f"streaming {args.ckpt} with {python} …", highlight=False)
+    if args.image:  # the image's Python, and folders inside the image
+        python, pythonpath, where = args.python or "python3", list(args.pythonpath), f" in a container of {args.image}"
+    else:
+        for d in args.pythonpath:
+            if not Path(d).is_dir():
+                raise ConfigError(f"--pythonpath {d}: not a directory")
+        python, pythonpath, where = args.python or default_python(), [str(Path(d).resolve()) for d in args.pythonpath], ""
+    err.print(f"streaming {args.ckpt} with {python}{where} …", highlight=False)
     try:
         report = audit_checkpoint(
-            args.ckpt, python, [str(Path(d).resolve()) for d in args.pythonpath], _env_pairs(args.env),
+            args.ckpt, python, pythonpath, _env_pairs(args.env),
             orders=orders, shuffles=args.shuffles, seed=args.seed, loaders=loaders, timeout_s=args.timeout,
+            image_ref=args.image, pull="never",
         )
     except (NotACheckpoint, AuditError, ProbeError) as exc:
         raise ConfigError(str(exc)) from None
     return _emit(report, args.json, render_audit)
+
+
+def _version_probe(args: argparse.Namespace, stop: StopToken):
+    """The probe and the version list a `versions` or `bisect` command asks for."""
+    cache = Path(args.overlays) if args.overlays else default_cache(Path.cwd())
+    if (args.audit is None) == (args.config is None):
+        raise ConfigError("give a checkpoint to audit (--audit CKPT) or a matrix and a cell (--config FILE --cell ID)")
+    if (args.streamer is None) == (args.images is None):
+        raise ConfigError("give the versions of one axis: --streamer VERSIONS or --images NAMES")
+    probe: AuditProbe | CellProbe
+    if args.audit is not None:
+        if args.images is not None:
+            raise ConfigError("--images needs a matrix (--config): the audit maps runai-model-streamer releases")
+        python = args.python or default_python()
+        probe = AuditProbe(checkpoint=Path(args.audit).resolve(), python=python, cache=cache,
+                           env=tuple(_env_pairs(args.env).items()),
+                           orders=tuple(_names(args.orders, "--orders", ORDERS)),
+                           loaders=tuple(_names(args.loaders, "--loaders", LOADERS)))
+        if not Path(args.audit).is_dir():
+            raise ConfigError(f"--audit {args.audit}: not a checkpoint directory")
+    else:
+        if not args.cell:
+            raise ConfigError("--config needs --cell ID: the one cell to probe (`regbench plan` lists them)")
+        config = load_config(args.config)
+        try:
+            cell = find_cell(config, args.cell)
+        except VersionsError as exc:
+            raise ConfigError(str(exc)) from None
+        python = cell.image.python
+        probe = CellProbe(config=config, cell=cell, axis="image" if args.images else "runai-model-streamer",
+                          cache=cache, progress=None, stop=stop)
+    try:
+        if args.images is not None:
+            versions = [v.strip() for v in args.images.split(",") if v.strip()]
+        else:
+            versions = select_versions(args.streamer, available_versions(python) if ".." in args.streamer else None)
+    except OverlayError as exc:
+        raise ConfigError(str(exc)) from None
+    return probe, versions
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    """`versions` (the map) and `bisect`: one probe across versions, results in a folder."""
+    stop = StopToken()
+    probe, versions = _version_probe(args, stop)
+    mode = "bisect" if args.command == "bisect" else "map"
+    if mode == "bisect":
+        for end, flag in ((args.good, "--good"), (args.bad, "--bad")):
+            if end not in versions:
+                raise ConfigError(f"{flag} {end}: not one of the versions ({', '.join(versions)})")
+    if not 0 < args.rate <= 1 or not 0 < args.confidence < 1:
+        raise ConfigError("--rate must be in (0, 1] and --confidence in (0, 1)")
+    fresh = VersionMap(mode=mode, axis="image" if args.images else "runai-model-streamer", probe=probe.describe(),
+                       versions=versions, plan=Plan(rate=args.rate, confidence=args.confidence), outcomes=[],
+                       good=args.good if mode == "bisect" else None, bad=args.bad if mode == "bisect" else None)
+    root = Path(args.dir) if args.dir else Path(args.results) / new_run_id(mode + "-versions")
+    try:
+        vmap = open_map(root, fresh)
+    except (VersionsError, OSError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+    def save(m: VersionMap) -> None:
+        write_versions(root, m)
+
+    def status(text: str) -> None:
+        err.print(f"{text}", highlight=False, markup=False)
+
+    _interrupt_on_sigterm()
+    err.print(f"{mode} of {len(versions)} version(s) into {root}", highlight=False)
+    try:
+        run = run_bisect if mode == "bisect" else run_map
+        vmap = run(probe, root, vmap, save, status)
+    except VersionsError as exc:
+        raise ConfigError(str(exc)) from None
+    out.print(versions_table(vmap))
+    out.print(f"results: {root}", highlight=False)
+    if vmap.interrupted:
+        return EXIT_INTERRUPTED
+    if mode == "bisect":
+        return EXIT_PASS if vmap.bisect is not None and vmap.bisect.change is not None else EXIT_FAIL
+    return EXIT_PASS
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -419,6 +526,8 @@ def parser() -> argparse.ArgumentParser:
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     _compare_flags(cmp, "compare outputs by this rule (default: run A's config's `comparison`)")
     cmp.set_defaults(func=cmd_compare)
+    for name in ("versions", "bisect"):
+        _versions_parser(sub, name)
     insp = sub.add_parser("inspect", help="read a checkpoint's safetensors headers: shards, index, dtypes, #157 risk")
     insp.add_argument("ckpt", help="checkpoint directory")
     insp.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -436,9 +545,49 @@ def parser() -> argparse.ArgumentParser:
     audit.add_argument("--loaders", default=",".join(LOADERS),
                        help="comma-separated: streamer (SafetensorsStreamer), vllm (vLLM's iterator, where vllm imports)")
     audit.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds the whole probe may take")
+    audit.add_argument("--image", metavar="REF",
+                       help="run the probe in a container of this image (present here, nothing is pulled; no network): "
+                            "--python is then the image's (default python3) and --pythonpath names folders inside it")
     audit.add_argument("--json", action="store_true", help="print the report as JSON")
     audit.set_defaults(func=cmd_audit)
     return p
+
+
+def _versions_parser(sub, name: str) -> None:
+    if name == "versions":
+        v = sub.add_parser(
+            "versions", help="one probe across the versions of one axis: outcome per version, regimes, change points",
+            description=("Runs one probe per version, in the order given: the weight audit of a checkpoint "
+                         "(--audit) across runai-model-streamer releases, or one cell of a matrix (--config, "
+                         "--cell) across streamer releases or the matrix's images (vLLM venvs, container tags). "
+                         "Writes versions.json, summary.md and a folder per probe; the same --dir continues."))
+    else:
+        v = sub.add_parser(
+            "bisect", help="the version where a probe's outcome changes, between a passing and a failing one",
+            description=("Binary search between --good and --bad (either may be the older) for the change point, "
+                         "each version probed until settled (--rate, --confidence). Sees one change only: when "
+                         "the range may hold several, run `regbench versions`. Exit 0 with a change point, 1 "
+                         "without one (the good end fails, or the bad end passes), 130 interrupted."))
+        v.add_argument("--good", required=True, metavar="V", help="a version that passes")
+        v.add_argument("--bad", required=True, metavar="V", help="a version that fails")
+    v.add_argument("--streamer", metavar="VERSIONS",
+                   help="runai-model-streamer releases: A..B (every release from A to B the index has) or a,b,c; "
+                        "installed on demand as overlays")
+    v.add_argument("--images", metavar="NAMES", help="with --config: the matrix's images, in this order (a,b,c)")
+    v.add_argument("--audit", metavar="CKPT", help="probe: the weight audit of this checkpoint")
+    v.add_argument("--config", metavar="FILE", help="probe: one cell of this matrix (with --cell)")
+    v.add_argument("--cell", metavar="ID", help="the cell to probe (`regbench plan` lists them)")
+    v.add_argument("--python", help="with --audit: Python of the system under test (default: .venv-vllm/bin/python)")
+    v.add_argument("--env", nargs="+", action="extend", default=[], metavar="K=V", help="with --audit: loader environment")
+    v.add_argument("--orders", default="sorted,listing", help="with --audit: file orders (default: sorted,listing)")
+    v.add_argument("--loaders", default="streamer", help="with --audit: loaders (default: streamer)")
+    v.add_argument("--rate", type=float, default=0.5, metavar="P",
+                   help="a passing version must have run enough to see a failure of this rate (default 0.5)")
+    v.add_argument("--confidence", type=float, default=0.95, metavar="C", help="with this probability (default 0.95)")
+    v.add_argument("--dir", metavar="DIR", help="the map's folder; an existing one continues (default: a new one)")
+    v.add_argument("--results", default="results", help="parent of the default folder (default: results)")
+    v.add_argument("--overlays", metavar="DIR", help="where streamer overlays are installed (default: .cache/streamers)")
+    v.set_defaults(func=cmd_versions)
 
 
 def main(argv: list[str] | None = None) -> int:

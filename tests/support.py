@@ -94,7 +94,7 @@ class ScriptedLauncher:
     the cells of a load format. `together=N`: the first N servers are healthy only once all N
     are up. `requests` counts requests received by every server (a Condition to wait on)."""
 
-    audits_here = True
+    audit_in = "here"
 
     def __init__(self, modes: list[str], by_format: dict[str, list[str]] | None = None, together: int = 0):
         self.modes = modes

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from bench.core.diagnosis import Diagnosis
-from bench.core.records import RunRecord, Summary
+from bench.core.records import PreflightRecord, RunRecord, Summary
 from bench.serve.launch_docker import LABEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,10 +70,22 @@ def test_docker_smoke_gives_the_same_verdicts_as_the_local_launcher(smoke, engin
     cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
     bug = cells.pop(STREAMER_BUG)
     assert (bug.verdict, bug.failures, bug.runs) == ("fail", 2, 2)
-    assert {"empty_text", "degenerate", "divergence"} <= set(bug.reasons)
+    # ... and the pre-flight audit, in a container of each image, saw the weights go missing.
+    assert {"empty_text", "degenerate", "divergence", "weights_lost"} <= set(bug.reasons)
     assert set(bug.divergence_positions) == {0}
     assert all((c.verdict, c.runs) == ("pass", 2) for c in cells.values()), cells
-    assert containers_of(engine, "dsmoke") == []
+    assert containers_of(engine, "dsmoke") == []  # the servers' and the audits' containers
+
+
+def test_docker_runs_audit_the_weights_in_a_container_of_each_image(smoke):
+    _, _, run_dir, _ = smoke
+    records = [PreflightRecord.model_validate_json(x) for x in (run_dir / "preflight.jsonl").read_text().splitlines()]
+    audits = {p.image: p for p in records if p.kind == "audit"}
+    assert not any(p.skipped for p in audits.values()), audits
+    assert not audits["streamer-0.16.0"].ok and audits["streamer-0.16.0"].lost == 42  # 21 tensors × 2 orders
+    assert audits["streamer-0.16.0"].notes[0].startswith("runai-model-streamer 0.16.0: ")
+    assert audits["streamer-0.17.0"].ok and audits["streamer-0.17.0"].lost == 0
+    assert audits["streamer-0.17.0"].notes[0].startswith("runai-model-streamer 0.17.0: ")
 
 
 def test_docker_runs_get_the_same_diagnosis_from_the_containers_logs(smoke):
@@ -82,9 +94,9 @@ def test_docker_runs_get_the_same_diagnosis_from_the_containers_logs(smoke):
     assert d.cell_id == STREAMER_BUG
     assert "weights loader 'Runai Model Streamer' stopped at 0/21: 21 never reached the server" in d.log_evidence
     m = d.matches[0]
-    assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == []
-    # In containers the audit is not made before the cells (it runs on the local launcher only).
-    assert [e.condition for e in m.unknown] == ["audit_lost: True"]
+    # The pre-flight audit ran in the image: nothing is left unknown, as on the local launcher.
+    assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == [] and m.unknown == []
+    assert "0/21 tensors delivered" in " | ".join(e.says for e in m.supports)
 
 
 def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):

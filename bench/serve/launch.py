@@ -37,6 +37,7 @@ from bench.core.records import Devices, Fingerprint, ServerOutcome
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import Stopped, StopToken
 from bench.serve.fingerprint import fingerprint
+from bench.serve.launchers import AuditSite
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
@@ -468,8 +469,9 @@ def reap_local(run_id: str | None = None, run_dir: Path | None = None) -> list[i
 class Launcher(Protocol):
     """Servers for the cells of one run (bench.serve.launchers opens one by the matrix's `launcher`)."""
 
-    # Whether the pre-flight audit can run an image's loader with the image's Python here.
-    audits_here: bool
+    # Where the pre-flight audit runs an image's loader: with the image's Python on this host, or
+    # in a container of the image (bench.serve.launchers.AuditSite).
+    audit_in: AuditSite
 
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server: ...
@@ -480,7 +482,7 @@ class LocalBackend:
     """bench.serve.launchers.Backend for `launcher: local`."""
 
     name = "local"
-    audits_here = True  # as LocalLauncher
+    audit_in: AuditSite = "here"  # as LocalLauncher
 
     def open(self, config: Config, run_id: str) -> LocalLauncher:
         return LocalLauncher(config)
@@ -492,7 +494,7 @@ class LocalBackend:
 class LocalLauncher:
     """The built-in default: `vllm serve` from the image's Python on this host."""
 
-    audits_here = True
+    audit_in: AuditSite = "here"
 
     def __init__(self, config: Config, base_env: dict[str, str] | None = None):
         self.config = config

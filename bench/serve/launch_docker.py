@@ -48,7 +48,7 @@ from bench.serve.launch import (
     serve_args,
     server_env,
 )
-from bench.serve.launchers import LauncherUnavailable
+from bench.serve.launchers import AuditSite, LauncherUnavailable
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -254,7 +254,7 @@ class DockerBackend:
     """bench.serve.launchers.Backend for `launcher: docker`."""
 
     name = "docker"
-    audits_here = False  # as DockerLauncher
+    audit_in: AuditSite = "container"  # as DockerLauncher
 
     def open(self, config: Config, run_id: str) -> DockerLauncher:
         return DockerLauncher(config, run_id)
@@ -269,8 +269,8 @@ class DockerBackend:
 
 
 class DockerLauncher:
-    # The audit needs the image's Python on this host; in containers it is left to the cells.
-    audits_here = False
+    # The image's loader is the one to audit: the pre-flight runs the probe in a container of it.
+    audit_in: AuditSite = "container"
 
     def __init__(self, config: Config, run_id: str, docker_client: docker.DockerClient | None = None,
                  host_env: dict[str, str] | None = None):

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
     from bench.core.config import Config
     from bench.serve.launch import Launcher
+
+
+# Where the pre-flight audit streams an image's weights (bench.weights.preflight): "here", with the
+# image's Python on this host; "container", in a container of the image (`ref`).
+AuditSite = Literal["here", "container"]
 
 
 class LauncherUnavailable(Exception):
@@ -27,7 +32,7 @@ class LauncherUnavailable(Exception):
 
 class Backend(Protocol):
     name: str
-    audits_here: bool  # its images run on this host with their own Python (bench.serve.launch.Launcher)
+    audit_in: AuditSite  # where its images' loaders can be audited (bench.serve.launch.Launcher)
 
     def open(self, config: Config, run_id: str) -> Launcher:
         """A launcher for one run; raises LauncherUnavailable."""

@@ -11,6 +11,11 @@ The bench process has neither torch nor the streamer, so the streaming is done b
 ``audit_probe.py`` run with the system-under-test's Python and overlay (the same PYTHONPATH
 semantics as a run's image), while the bench hashes the baseline from the raw files meanwhile.
 A loader that raises is a finding; a probe that cannot start at all is a ProbeError.
+
+Where the probe runs: a process of this host (``LocalProbe``), or, given an image reference, a
+container of that image (``bench.weights.audit_docker.ContainerProbe``, imported only then: a local
+audit never imports the docker SDK). Both are context managers with the same two calls, and leaving
+them always ends the probe.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from types import TracebackType
+from typing import IO, Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from rich.console import RenderableType
@@ -219,6 +226,8 @@ class AuditReport(Record):
     python: str
     pythonpath: list[str]
     env: dict[str, str]
+    image: str | None = None  # the image whose container ran the probe; None: this host
+    overlays: list[str] = []  # host folders mounted into that container, first on its PYTHONPATH
     streamer_version: str
     streamer_path: str
     torch_version: str
@@ -354,7 +363,7 @@ class _ProbeRun:
     begun: list[tuple[str, str]]
 
 
-def _parse(text: str, stderr_tail: str) -> _ProbeRun:
+def _parse(text: str, stderr_tail: str, reason: str | None = None) -> _ProbeRun:
     hello = None
     delivered: dict[tuple[str, str], list[Delivered]] = defaultdict(list)
     ended: dict[tuple[str, str], ProbeEnd] = {}
@@ -375,11 +384,15 @@ def _parse(text: str, stderr_tail: str) -> _ProbeRun:
         elif isinstance(line, ProbeEnd):
             ended[(line.order, line.loader)] = line
     if hello is None:
-        raise ProbeError(f"the probe exited before it could import the streamer:\n{stderr_tail}")
+        how = f": {reason}" if reason else ""
+        raise ProbeError(f"the probe stopped before it could import the streamer{how}\n{stderr_tail}")
     return _ProbeRun(hello=hello, delivered=delivered, ended=ended, begun=begun)
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+TAIL_LINES = 15
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     text = path.read_text(encoding="utf-8", errors="replace").splitlines()
     return "\n".join(text[-lines:])
 
@@ -390,6 +403,66 @@ def _exit_reason(code: int | None, timed_out: float | None) -> str:
     if code is not None and code < 0:
         return f"the probe died of signal {-code} ({signal.strsignal(-code)})"
     return f"the probe exited with code {code}"
+
+
+class Probe(Protocol):
+    """A started probe (the context manager's value): leaving the context ends it, whatever happened."""
+
+    def wait(self, timeout_s: float) -> int | None:
+        """Its exit code (negative: the signal that killed it), or None: it timed out and was killed."""
+        ...
+
+    def output(self) -> tuple[str, str]:
+        """After wait: its stdout (the JSON lines) and the tail of its stderr, kept apart."""
+        ...
+
+
+class LocalProbe:
+    """The probe as a process of this host, in a session of its own (killed as a group), its
+    stdout and stderr to files in the scratch folder."""
+
+    def __init__(self, python: str, plan: Path, env: dict[str, str], scratch: Path):
+        self.argv = [python, str(PROBE), str(plan)]
+        self.env = env
+        self.out_path, self.err_path = scratch / "stdout", scratch / "stderr"
+        self.files: list[IO[bytes]] = []
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> LocalProbe:
+        out, err = self.out_path.open("wb"), self.err_path.open("wb")
+        self.files = [out, err]
+        try:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         env=self.env, start_new_session=True)
+        except OSError as exc:
+            self._close()
+            raise ProbeError(f"cannot run {self.argv[0]}: {exc}") from None
+        return self
+
+    def wait(self, timeout_s: float) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            return None
+
+    def output(self) -> tuple[str, str]:
+        self._close()
+        return self.out_path.read_text(encoding="utf-8"), _tail(self.err_path)
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def _close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._kill()
+        self._close()
 
 
 def audit_checkpoint(
@@ -403,8 +476,17 @@ def audit_checkpoint(
     loaders: Sequence[str] = LOADERS,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     workers: int | None = None,
+    image_ref: str | None = None,
+    pull: Literal["always", "if-missing", "never"] = "if-missing",
+    overlays: Sequence[str] = (),
+    run_id: str | None = None,
 ) -> AuditReport:
     """Streams the checkpoint in every order with every loader and compares with the files.
+
+    ``image_ref``: run the probe in a container of that image instead of on this host (``pull``:
+    its pull policy); ``python`` and ``pythonpath`` are then the image's, ``overlays`` host folders
+    mounted in and put first on its PYTHONPATH (an image's overlay under the docker launcher), and
+    ``run_id`` labels the container for `regbench clean` (default "audit").
     Raises NotACheckpoint, AuditError (bad arguments) or ProbeError (the probe could not run)."""
     path = Path(path).resolve()
     env = dict(env or {})
@@ -415,8 +497,10 @@ def audit_checkpoint(
     if not report.shards:
         raise AuditError(f"{path}: no *.safetensors files to stream")
     runs = file_orders(report, orders, shuffles, seed)
+    if overlays and image_ref is None:
+        raise AuditError("overlays are mounted into a container: they need an image")
     try:
-        image = Image(name="audit", python=python, pythonpath=list(pythonpath), env=env)
+        image = Image(name="audit", ref=image_ref, pull=pull, python=python, pythonpath=list(pythonpath), env=env)
     except ValidationError as exc:
         raise AuditError(f"invalid probe settings: {exc.errors(include_url=False)[0]['msg']}") from None
 
@@ -427,69 +511,61 @@ def audit_checkpoint(
             "runs": [{"order": r.order, "files": [str(path / f) for f in r.files]} for r in runs],
             "loaders": list(loaders),
         }))
-        out_path, err_path = scratch / "stdout", scratch / "stderr"
-        with out_path.open("wb") as out, err_path.open("wb") as err:
-            try:
-                proc = subprocess.Popen(
-                    [python, str(PROBE), str(plan)], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    env=image_env(image, dict(os.environ)), start_new_session=True,
-                )
-            except OSError as exc:
-                raise ProbeError(f"cannot run {python}: {exc}") from None
-            try:
-                # The probe spends its first seconds importing torch: hash the baseline meanwhile.
-                started = time.monotonic()
-                try:
-                    baseline = hash_tensors(path, report.shards, workers)
-                except OSError as exc:
-                    raise AuditError(f"cannot read the checkpoint: {exc}") from None
-                baseline_s = time.monotonic() - started
-                timed_out = None
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    timed_out = timeout_s
-                probe_s = time.monotonic() - started
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-            code = proc.returncode
-        probe = _parse(out_path.read_text(encoding="utf-8"), _tail(err_path))
+        probe: AbstractContextManager[Probe]
+        if image_ref is None:
+            probe = LocalProbe(python, plan, image_env(image, dict(os.environ)), scratch)
+        else:
+            from bench.weights.audit_docker import ContainerProbe  # the docker SDK only for containers
 
-    reason = _exit_reason(code, timed_out)
+            probe = ContainerProbe(image, plan, path, [path / s.file for s in report.shards], list(overlays),
+                                   run_id or "audit")
+        with probe as running:
+            # The probe spends its first seconds importing torch: hash the baseline meanwhile.
+            started = time.monotonic()
+            try:
+                baseline = hash_tensors(path, report.shards, workers)
+            except OSError as exc:
+                raise AuditError(f"cannot read the checkpoint: {exc}") from None
+            baseline_s = time.monotonic() - started
+            code = running.wait(timeout_s)
+            timed_out = timeout_s if code is None else None
+            probe_s = time.monotonic() - started
+            stdout, stderr_tail = running.output()
+        reason = _exit_reason(code, timed_out)
+        parsed = _parse(stdout, stderr_tail, reason)
+
     results = []
     for run in runs:
         for loader in loaders:
             key = (run.order, loader)
-            if loader == "vllm" and probe.hello.vllm_error is not None:
+            if loader == "vllm" and parsed.hello.vllm_error is not None:
                 continue
-            end = probe.ended.get(key)
+            end = parsed.ended.get(key)
             if end is not None and end.unsupported is not None:
                 results.append(RunResult(order=run.order, loader=loader, files=run.files, expected=len(baseline),
                                          delivered=0, seconds=end.seconds, unsupported=end.unsupported))
                 continue
             if end is not None:
                 error, seconds = end.error, end.seconds
-            elif key in probe.begun:
+            elif key in parsed.begun:
                 error, seconds = f"{reason} while streaming", None
             else:
                 error, seconds = f"not run: {reason} before this run", None
-            results.append(compare(run, loader, baseline, probe.delivered.get(key, []), error, seconds,
+            results.append(compare(run, loader, baseline, parsed.delivered.get(key, []), error, seconds,
                                    report.shards))
     if not results:
-        raise ProbeError(f"nothing was audited: vLLM does not import ({probe.hello.vllm_error})")
-    skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {probe.hello.vllm_error}")] \
-        if probe.hello.vllm_error is not None else []
+        raise ProbeError(f"nothing was audited: vLLM does not import ({parsed.hello.vllm_error})")
+    skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {parsed.hello.vllm_error}")] \
+        if parsed.hello.vllm_error is not None else []
     return AuditReport(
-        path=str(path), python=python, pythonpath=list(pythonpath), env=env,
-        streamer_version=probe.hello.streamer_version, streamer_path=probe.hello.streamer_path,
-        torch_version=probe.hello.torch_version, vllm_version=probe.hello.vllm_version,
-        vllm_iterator=probe.hello.vllm_iterator, skipped=skipped,
+        path=str(path), python=python, pythonpath=list(pythonpath), env=env, image=image_ref, overlays=list(overlays),
+        streamer_version=parsed.hello.streamer_version, streamer_path=parsed.hello.streamer_path,
+        torch_version=parsed.hello.torch_version, vllm_version=parsed.hello.vllm_version,
+        vllm_iterator=parsed.hello.vllm_iterator, skipped=skipped,
         baseline_tensors=len(baseline), baseline_bytes=sum(h.nbytes for h in baseline),
         baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code,
-        probe_seconds=round(probe_s, 3), probe_import_seconds=probe.hello.import_seconds,
-        probe_vllm_seconds=probe.hello.vllm_seconds, runs=results,
+        probe_seconds=round(probe_s, 3), probe_import_seconds=parsed.hello.import_seconds,
+        probe_vllm_seconds=parsed.hello.vllm_seconds, runs=results,
         checkpoint_problems=report.problems, problems=[r.line() for r in results if r.problem],
     )
 
@@ -520,6 +596,9 @@ def _probe_times(report: AuditReport) -> str:
 def render(report: AuditReport) -> list[RenderableType]:
     """The console view: what streamed, the baseline, one line per run, the names behind failures."""
     overlay = f" (PYTHONPATH {os.pathsep.join(report.pythonpath)})" if report.pythonpath else ""
+    if report.image is not None:
+        mounted = f", overlay {', '.join(report.overlays)} mounted" if report.overlays else ""
+        overlay += f" in a container of {report.image}{mounted}"
     env = " ".join(f"{k}={v}" for k, v in report.env.items())
     out: list[RenderableType] = [
         Text(f"{report.path}: runai-model-streamer {report.streamer_version} from {report.streamer_path}, "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from bench.core.config import Config
 from bench.core.matrix import Cell
 from bench.core.records import PreflightRecord
+from bench.serve.launchers import AuditSite
 from bench.weights.audit import AuditError, ProbeError, audit_checkpoint
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
 
@@ -24,10 +25,12 @@ AUDIT_ORDERS = ("sorted", "listing")
 
 
 def preflight(
-    config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None, audit_here: bool = True,
+    config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None,
+    audit_in: AuditSite = "here", run_id: str | None = None,
 ) -> list[PreflightRecord]:
-    """`audit_here`: the launcher runs images on this host with their own Python (see
-    bench.serve.launch.Launcher.audits_here); otherwise audits are recorded as skipped."""
+    """`audit_in` (the launcher's, bench.serve.launch.Launcher.audit_in): "here", the image's Python
+    and overlay on this host; "container", a container of the image (`ref`) with the overlay
+    mounted as the docker launcher mounts it, labelled with `run_id`."""
     out: list[PreflightRecord] = []
     for model in {c.model.name: c.model for c in cells}.values():
         if not os.path.isdir(model.path):
@@ -50,14 +53,20 @@ def preflight(
             continue
         seen.add(key)
         base = PreflightRecord(kind="audit", model=key[0], image=key[1], load_format=key[2], ok=True)
-        if not audit_here:
-            out.append(base.model_copy(update={"skipped": True, "notes": ["it runs on the local launcher only"]}))
+        if audit_in == "container" and cell.image.ref is None:
+            out.append(base.model_copy(update={"skipped": True, "notes": ["the image has no `ref` to run"]}))
             continue
         status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
         env = dict(cell.image.env, **cell.load_format.env)
+        boxed = audit_in == "container"
         try:
-            audit = audit_checkpoint(cell.model.path, cell.image.python, cell.image.pythonpath, env,
-                                     orders=AUDIT_ORDERS, loaders=("streamer",), timeout_s=600)
+            # In a container: the image's own Python, its overlay (folders of this host) mounted in.
+            audit = audit_checkpoint(
+                cell.model.path, cell.image.python, () if boxed else cell.image.pythonpath, env,
+                orders=AUDIT_ORDERS, loaders=("streamer",), timeout_s=600,
+                image_ref=cell.image.ref if boxed else None, pull=cell.image.pull,
+                overlays=cell.image.pythonpath if boxed else (), run_id=run_id,
+            )
         except (AuditError, ProbeError, NotACheckpoint) as exc:
             out.append(base.model_copy(update={"skipped": True, "notes": [str(exc)]}))
             continue
