@@ -25,8 +25,10 @@ from typing import Protocol, TypeVar
 
 from bench.core.config import Config, ConfigError
 from bench.core.judge import divergence, judge_run, reference_outputs
+from bench.core.logfacts import log_facts
 from bench.core.matrix import Cell
-from bench.core.records import Devices, RequestRecord, RunRecord, Summary, TokenDiff
+from bench.core.perf import run_perf
+from bench.core.records import Devices, RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome, Summary, TokenDiff
 from bench.core.stats import verdict_settled
 from bench.core.stop import Stopped, StopToken
 from bench.core.tokens import comparator_for
@@ -34,9 +36,10 @@ from bench.report.summary import summarize
 from bench.serve.client import run_workload, score_reference
 from bench.serve.launch import BootError, Launcher
 from bench.serve.launchers import open_launcher
+from bench.serve.metrics import ScrapeError, delta, scrape
 from bench.serve.slots import SlotPool
 from bench.store.publish import write_reports
-from bench.store.results import ResultsDir, log_tail, read_log
+from bench.store.results import ResultsDir, log_tail, read_log, read_log_bytes
 from bench.weights.preflight import preflight
 
 T = TypeVar("T")
@@ -98,6 +101,7 @@ def run_one(
     requests: list[RequestRecord] = []
     requests_s = None
     reference = None
+    metrics = None
     interrupted = False
     probe = config.reference_text
     top_k = config.comparison.top_k if config.comparison.mode == "logprobs" else None
@@ -105,6 +109,7 @@ def run_one(
         status(f"{cell.id} #{repeat}: booting")
         with server:
             status(f"{cell.id} #{repeat}: serving")
+            before = _scrape(server.base_url)
             t0 = time.monotonic()
             requests = asyncio.run(_until_stopped(
                 run_workload(server.base_url, cell.model.served, config.workload,
@@ -112,6 +117,8 @@ def run_one(
                 stop,
             ))
             requests_s = time.monotonic() - t0
+            # Before the reference probe: the counters must cover the workload alone.
+            metrics = _counters(before, server.base_url)
             if probe.enabled:
                 reference = asyncio.run(_until_stopped(score_reference(
                     server.base_url, cell.model.served, probe.passage, config.workload.request_timeout_s), stop))
@@ -128,14 +135,47 @@ def run_one(
         findings = []
         if not interrupted:
             shutdown = read_log(log, outcome.stop_requested_at_byte or 0) if outcome.boot_s is not None else ""
-            findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log), reference, probe)
+            findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log), reference, probe, metrics)
         record = RunRecord(
             cell_id=cell.id, repeat=repeat,
             server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
             requests_s=requests_s, reference=reference, findings=findings, interrupted=interrupted,
+            perf=_perf(cell, outcome, requests, requests_s, metrics),
         )
         results.add_run(record)
     return record
+
+
+def _scrape(base_url: str) -> dict[str, float] | str:
+    try:
+        return scrape(base_url)
+    except ScrapeError as exc:
+        return str(exc)
+
+
+def _counters(before: dict[str, float] | str, base_url: str) -> ServerMetrics:
+    after = _scrape(base_url)
+    if isinstance(before, str) or isinstance(after, str):
+        return ServerMetrics(error=before if isinstance(before, str) else str(after))
+    return delta(before, after)
+
+
+def checkpoint_bytes(path: str) -> int | None:
+    """The size of a local model's safetensors files (a hub id has none here)."""
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    return sum(f.stat().st_size for f in root.glob("*.safetensors")) or None
+
+
+def _perf(cell: Cell, outcome: ServerOutcome, requests: list[RequestRecord], requests_s: float | None,
+          metrics: ServerMetrics | None) -> RunPerf:
+    facts = None
+    log = Path(outcome.log_path)
+    if outcome.boot_s is not None and log.is_file():
+        end = outcome.stop_requested_at_byte if outcome.stop_requested_at_byte is not None else log.stat().st_size
+        facts = log_facts(read_log_bytes(log, 0, end).decode("utf-8", errors="replace"))
+    return run_perf(outcome.boot_s, facts, requests, requests_s, metrics, checkpoint_bytes(cell.model.path))
 
 
 def check_devices(config: Config, cells: list[Cell]) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from bench.core.config import ReferenceText, Workload
 from bench.core.matrix import Cell
+from bench.core.perf import cell_perf
 from bench.core.records import (
     CellSummary,
     ErrorKind,
@@ -21,12 +22,14 @@ from bench.core.records import (
     RequestRecord,
     RunRecord,
     RunResult,
+    ServerMetrics,
     ServerOutcome,
     TokenDiff,
 )
 from bench.core.stats import verdict, wilson_interval
 from bench.core.tokens import EXACT, Comparator, Output, rank_in
 from bench.core.verdicts import (
+    CounterMismatch,
     EmptyText,
     ExitEpisode,
     ExpectationMissed,
@@ -190,13 +193,30 @@ def judge_reference(score: ReferenceScore | None, probe: ReferenceText) -> list[
     return []
 
 
+def judge_server_counters(metrics: ServerMetrics | None, requests: list[RequestRecord]) -> list[Finding]:
+    """The engine's generated-token count against the token ids that arrived. Only when every
+    request was answered: a request cut off by a time-out may have generated tokens no one got."""
+    if metrics is None or metrics.generation_tokens is None or not requests:
+        return []
+    if any(q.error_kind is not None or q.token_ids is None for q in requests):
+        return []
+    received = sum(len(q.token_ids or []) for q in requests)
+    if metrics.generation_tokens == received:
+        return []
+    return [Finding(reason=Reason.TOKEN_COUNT_MISMATCH, evidence=CounterMismatch(
+        server_tokens=metrics.generation_tokens, client_tokens=received, requests=len(requests)))]
+
+
 def judge_run(
     outcome: ServerOutcome, requests: Iterable[RequestRecord], workload: Workload, shutdown_log: str, log_tail: str,
     reference: ReferenceScore | None = None, probe: ReferenceText | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> list[Finding]:
+    requests = list(requests)
     findings = judge_server(outcome, shutdown_log, log_tail)
     for req in sorted(requests, key=lambda r: r.prompt_id):
         findings.extend(judge_request(req, workload))
+    findings.extend(judge_server_counters(metrics, requests))
     if probe is not None:
         findings.extend(judge_reference(reference, probe))
     return findings
@@ -322,6 +342,7 @@ def judge_cell(
             )
 
     return CellSummary(
+        perf=cell_perf(judged, judged_requests),
         cell_id=cell.id,
         model=cell.model.name,
         load_format=cell.load_format.name,

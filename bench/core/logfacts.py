@@ -25,6 +25,7 @@ class LoaderProgress(_Fact):
     loader: str  # "Runai Model Streamer", "checkpoint shards", ...
     done: int
     total: int
+    seconds: float | None = None  # the bar's time: items over its rate (tqdm's elapsed is whole seconds)
 
     @property
     def short(self) -> bool:
@@ -44,6 +45,8 @@ class LogFacts(_Fact):
     warnings: list[str] = []  # dtype / quantization / fallback warnings, as logged
     errors: list[str] = []  # "SomeError: message" lines, first seen first
     tracebacks: list[Traceback] = []
+    # Boot phases: seconds after the log's first timestamped line (vLLM logs whole seconds).
+    phases: dict[str, float] = {}
 
     @property
     def short_loaders(self) -> list[LoaderProgress]:
@@ -52,11 +55,22 @@ class LogFacts(_Fact):
 
 # tqdm bars as vLLM prints them; a bar is redrawn, so the last state of each loader wins.
 _PROGRESS = re.compile(
-    r"Loading (?:safetensors using )?(?P<loader>[A-Za-z][\w .-]*?):\s+\d+% Completed \| (?P<done>\d+)/(?P<total>\d+)")
+    r"Loading (?:safetensors using )?(?P<loader>[A-Za-z][\w .-]*?):\s+\d+% Completed \| (?P<done>\d+)/(?P<total>\d+)"
+    r"(?: \[(?P<mm>\d+):(?P<ss>\d\d)<[^,\]]*(?:, *(?P<rate>[\d.]+)it/s)?)?")
 _WEIGHTS = re.compile(r"Loading weights took (?P<s>[\d.]+) seconds")
 _KV = re.compile(r"KV cache size: (?P<n>[\d,]+) tokens")
 _INIT = re.compile(r"init engine \(.*?\) took (?P<s>[\d.]+) s")
 _WARNING = re.compile(r"WARNING.*\b(dtype|bfloat16|float16|float32|quantiz\w*|fall(?:ing)? ?back|not supported|casting)\b", re.I)
+_STAMP = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
+# The boot's milestones as vLLM 0.31 / 0.32 log them, first occurrence each.
+PHASES = {
+    "engine_start": re.compile(r"Initializing a V1 LLM engine"),
+    "load_start": re.compile(r"Starting to load model"),
+    "weights_loaded": _WEIGHTS,
+    "kv_cache": _KV,
+    "engine_ready": _INIT,
+    "server_ready": re.compile(r"Starting vLLM server on"),
+}
 # Printed on every CPU start, about a backend the models here do not use.
 _BENIGN_WARNING = re.compile(r"Reset SSM cache type")
 _ERROR = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:ERROR [\d-]+ [\d:]+ \[[^\]]+\] )?\s*"
@@ -100,10 +114,28 @@ def log_facts(text: str) -> LogFacts:
     errors: list[str] = []
     # tqdm redraws with carriage returns: each state is a line of its own here.
     lines = text.replace("\r", "\n").splitlines()
+    phases: dict[str, float] = {}
+    first = previous = None
+    days = 0
     for line in lines:
+        if stamp := _STAMP.match(line):
+            now = int(stamp["h"]) * 3600 + int(stamp["m"]) * 60 + int(stamp["s"])
+            if previous is not None and now < previous:
+                days += 1  # past midnight
+            previous = now
+            now += days * 86400
+            first = now if first is None else first
+            for name, pattern in PHASES.items():
+                if name not in phases and pattern.search(line):
+                    phases[name] = float(now - first)
         if m := _PROGRESS.search(line):
-            loader = m["loader"].strip()
-            loaders[loader] = LoaderProgress(loader=loader, done=int(m["done"]), total=int(m["total"]))
+            loader, done = m["loader"].strip(), int(m["done"])
+            seconds = None
+            if m["rate"] and float(m["rate"]) > 0:
+                seconds = done / float(m["rate"])
+            elif m["mm"] is not None:
+                seconds = float(int(m["mm"]) * 60 + int(m["ss"]))
+            loaders[loader] = LoaderProgress(loader=loader, done=done, total=int(m["total"]), seconds=seconds)
         elif m := _WEIGHTS.search(line):
             weights = float(m["s"])
         elif m := _KV.search(line):
@@ -117,4 +149,4 @@ def log_facts(text: str) -> LogFacts:
             if message not in errors:
                 errors.append(message)
     return LogFacts(loaders=list(loaders.values()), weights_load_s=weights, kv_cache_tokens=kv, engine_init_s=init,
-                    warnings=warnings, errors=errors, tracebacks=_tracebacks(lines)[:10])
+                    warnings=warnings, errors=errors, tracebacks=_tracebacks(lines)[:10], phases=phases)

@@ -45,10 +45,20 @@ class RequestRecord(Record):
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
+    # Streamed answers: seconds from sending to the first token, and between later tokens.
+    ttft_s: float | None = None
+    itl_s: list[float] | None = None
 
     @property
     def output(self) -> Output | None:
         return None if self.token_ids is None else Output(ids=self.token_ids, logprobs=self.logprobs)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens per second of the whole request, as the client saw it."""
+        if self.error_kind is not None or not self.completion_tokens or self.latency_s <= 0:
+            return None
+        return self.completion_tokens / self.latency_s
 
 
 class ReferenceScore(Record):
@@ -88,6 +98,44 @@ class ServerOutcome(Record):
     ended_at: float | None = None  # wall clock once nothing of the server was left
 
 
+class ServerMetrics(Record):
+    """The server's own counters (its Prometheus /metrics), over the workload: scraped once the
+    server is healthy and again after the last request, before the reference probe and the stop."""
+
+    prompt_tokens: float | None = None  # vllm:prompt_tokens_total, after − before
+    generation_tokens: float | None = None  # vllm:generation_tokens_total, after − before
+    requests: float | None = None  # vllm:request_success_total (every finished_reason), after − before
+    preemptions: float | None = None  # vllm:num_preemptions_total, after − before
+    kv_cache_usage: float | None = None  # vllm:kv_cache_usage_perc after the workload (0–1)
+    error: str | None = None  # the scrape failed: why
+
+
+class RunPerf(Record):
+    """How fast one fresh server started and served. Boot phases come from the clock and from the
+    server's log (bench.core.logfacts); request figures are the client's."""
+
+    boot_s: float | None = None  # process start → /health 200, by the bench's clock
+    # Phase marks from the log's own timestamps (1 s resolution), seconds after its first line:
+    # engine_start, load_start, kv_cache, engine_ready, server_ready (those the log shows).
+    phases: dict[str, float] = {}
+    weights_load_s: float | None = None  # vLLM's "Loading weights took"
+    engine_init_s: float | None = None  # vLLM's "init engine (profile, create kv cache, warmup model) took"
+    checkpoint_bytes: int | None = None  # the model's *.safetensors files, where the model is a local folder
+    output_tokens: int = 0  # token ids the client received, over the workload
+    throughput_tok_s: float | None = None  # output_tokens / the workload's wall time, at its concurrency
+    metrics: ServerMetrics | None = None
+    peak_rss_bytes: int | None = None  # the server's processes, sampled while it ran
+    peak_gpu_bytes: int | None = None  # nvidia-smi's used memory of the server's processes (GPU hosts)
+    memory_source: str | None = None  # how peak memory was measured ("process group RSS", "container stats")
+
+    @property
+    def load_gb_s(self) -> float | None:
+        """Weight-loading throughput: checkpoint bytes over vLLM's own loading time."""
+        if not self.checkpoint_bytes or not self.weights_load_s:
+            return None
+        return self.checkpoint_bytes / self.weights_load_s / 1e9
+
+
 class RunRecord(Record):
     """One fresh server of one cell: its outcome and every finding about it."""
 
@@ -97,6 +145,7 @@ class RunRecord(Record):
     server: ServerOutcome
     requests_s: float | None = None
     reference: ReferenceScore | None = None  # None: the probe is off (or the run never served)
+    perf: RunPerf | None = None  # None: written by a regbench without performance figures
     findings: list[Finding] = []
     interrupted: bool = False
 
@@ -157,6 +206,18 @@ class LogExcerpt(Record):
     focus: int | None = None  # index in text where the finding starts, when it was located
 
 
+class MetricSummary(Record):
+    """One performance metric of one cell (bench.core.perf): percentiles over every sample, and
+    the median of per-run values with its bootstrap 95 % interval (None with one run)."""
+
+    samples: int
+    runs: int
+    p50: float
+    p90: float
+    run_median: float
+    run_median_ci: tuple[float, float] | None = None
+
+
 class CellSummary(Record):
     cell_id: str
     model: str
@@ -179,6 +240,7 @@ class CellSummary(Record):
     comparator: str = "exact"  # the rule divergence and nondeterminism were judged by
     # The reference-text probe's score per judged run that made it (None: not a number or not measured).
     reference_nll: list[float | None] = []
+    perf: dict[str, MetricSummary] = {}  # metric name (bench.core.perf.METRICS) -> figures
 
     @property
     def nondeterministic(self) -> bool:

@@ -27,6 +27,12 @@ Per run: the reference-text probe (bench.core.judge.judge_reference)
                          clean run) it rose by more than the tolerance. The evidence has the
                          score, the ceiling or the baseline's score and the tolerance
 
+Per run: the server's own counters (bench.core.judge.judge_server_counters)
+    token_count_mismatch the server's /metrics counted a different number of generated tokens
+                         over the workload than the token ids the client received (every request
+                         answered): the engine and what reached users disagree. The evidence
+                         has both counts
+
 Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the evidence has the log tail
@@ -89,6 +95,7 @@ class Reason(StrEnum):
     DEGENERATE = "degenerate"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
+    TOKEN_COUNT_MISMATCH = "token_count_mismatch"
     BOOT_FAILED = "boot_failed"
     BOOT_TIMEOUT = "boot_timeout"
     PORT_TAKEN = "port_taken"
@@ -274,6 +281,19 @@ class ReferenceLikelihood(_Evidence):
         return f"{score} > ceiling {self.max_mean_nll}"
 
 
+class CounterMismatch(_Evidence):
+    """token_count_mismatch."""
+
+    kind: Literal["counters"] = "counters"
+    server_tokens: float  # vllm:generation_tokens_total over the workload
+    client_tokens: int  # token ids the client received over the workload
+    requests: int
+
+    def text(self) -> str:
+        return (f"the server counted {self.server_tokens:.0f} generated tokens over {self.requests} requests, "
+                f"the client received {self.client_tokens}")
+
+
 class Note(_Evidence):
     """Free text: what results folders written before typed evidence hold."""
 
@@ -286,7 +306,7 @@ class Note(_Evidence):
 
 Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | UsageMismatch | RepeatedToken | ExpectationMissed | ServerExit
-    | ExitEpisode | TokenDivergence | ReferenceLikelihood | Note,
+    | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch | Note,
     Field(discriminator="kind"),
 ]
 

@@ -12,6 +12,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -83,7 +84,9 @@ class ProtocolError(Exception):
 class _Result:
     """Accumulates one answer, whether it arrived whole or in chunks."""
 
-    def __init__(self) -> None:
+    def __init__(self, t0: float = 0.0) -> None:
+        self.t0 = t0  # perf_counter() when the request was sent
+        self.token_times: list[float] = []  # streamed: perf_counter() of each chunk that carried tokens
         self.text: list[str] = []
         self.token_ids: list[int] | None = None
         self.finish_reason: str | None = None
@@ -100,6 +103,8 @@ class _Result:
             part = choice.text
         self.text.append(part or "")
         ids = _token_ids(choice)
+        if streamed and (ids or part):
+            self.token_times.append(time.perf_counter())
         if ids is not None:
             self.token_ids = (self.token_ids or []) + ids
         if getattr(choice, "logprobs", None) is not None:
@@ -112,6 +117,14 @@ class _Result:
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
 
+    def timings(self) -> dict[str, Any]:
+        """Time to first token and the gaps between token-carrying chunks (one token each, as vLLM
+        streams them), for streamed answers; a whole answer has neither."""
+        if not self.token_times:
+            return {}
+        times = self.token_times
+        return {"ttft_s": times[0] - self.t0, "itl_s": [b - a for a, b in pairwise(times)]}
+
     def add_usage(self, usage: Any) -> None:
         if usage is not None:
             self.prompt_tokens = usage.prompt_tokens
@@ -119,7 +132,7 @@ class _Result:
 
 
 async def _send(
-    client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload: Workload, top_k: int | None,
+    client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload: Workload, top_k: int | None, t0: float,
 ) -> _Result:
     body: dict[str, Any] = {"min_tokens": workload.min_tokens, "ignore_eos": workload.ignore_eos,
                             "return_token_ids": True}
@@ -142,7 +155,7 @@ async def _send(
     else:
         response = await client.completions.create(prompt=prompt.prompt or "", **common)
 
-    result = _Result()
+    result = _Result(t0)
     if prompt.stream:
         async for chunk in response:
             for choice in chunk.choices:
@@ -218,12 +231,12 @@ async def run_workload(
                 try:
                     # The SDK's timeout bounds each read; this bounds a stream that never ends.
                     r = await asyncio.wait_for(
-                        _send(client, model, prompt, workload, top_k), workload.request_timeout_s
+                        _send(client, model, prompt, workload, top_k, t0), workload.request_timeout_s
                     )
                     fields = dict(
                         status=200, text="".join(r.text), token_ids=r.token_ids,
                         prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                        finish_reason=r.finish_reason, logprobs=r.logprobs,
+                        finish_reason=r.finish_reason, logprobs=r.logprobs, **r.timings(),
                     )
                 except Exception as exc:
                     kind, status = _classify(exc)
