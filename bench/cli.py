@@ -19,6 +19,7 @@ from bench.core.compare import AXES, compare, format_comparison
 from bench.core.config import ENV_NAME, Config, ConfigError, load_config, with_devices, with_image_refs
 from bench.core.diagnosis import Diagnosis
 from bench.core.matrix import expand
+from bench.core.perf import METRICS
 from bench.core.records import RunRecord, Summary, TokenDiff
 from bench.core.redact import redactor_for
 from bench.core.slicing import github_matrix, parse_shard, slice_cells
@@ -276,11 +277,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rule = open_results(Path(args.a)).config().comparison
         chosen = comparator_for(rule.mode, args.top_k or rule.top_k)
     a, b = load_side(Path(args.a), chosen), load_side(Path(args.b), chosen)
-    result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=chosen)
+    thresholds = {}
+    for pair in args.threshold:
+        name, sep, value = pair.partition("=")
+        try:
+            thresholds[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or thresholds[name] <= 1:
+            raise ConfigError(f"--threshold {pair!r}: expected METRIC=RATIO with RATIO > 1, e.g. ttft_s=1.5")
+    result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=chosen, thresholds=thresholds)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
-        for line in format_comparison(result):
+        for line in format_comparison(result, verbose=args.verbose):
             out.print(line, highlight=False, markup=False)
     return EXIT_FAIL if result.regressions else EXIT_PASS
 
@@ -514,8 +524,11 @@ def parser() -> argparse.ArgumentParser:
             "differing token of each cell's first clean run, by --compare-mode) and fingerprint\n"
             "changes (vLLM,\n"
             "runai-model-streamer, torch, ... and image digest).\n\n"
-            "Exit 1 on a regression: a matched cell that passed in A and fails or is flaky in B, or\n"
-            "that shows failure reasons in B it did not show in A. Exit 0 otherwise (cells only in\n"
+            "Performance: per metric, the ratio of the cells' medians over runs with a bootstrap 95 %\n"
+            "interval; 'slower' when the whole interval lies beyond the metric's threshold, 'cannot\n"
+            "tell' when it straddles it or a side has fewer than 3 runs.\n\n"
+            "Exit 1 on a regression: a matched cell that passed in A and fails or is flaky in B, that\n"
+            "is slower in B, or that shows failure reasons in B it did not show in A. Exit 0 otherwise (cells only in\n"
             "one run and output divergence alone are reported, not regressions); 2 on usage errors."
         ),
     )
@@ -524,6 +537,10 @@ def parser() -> argparse.ArgumentParser:
     cmp.add_argument("--match-ignore", action="append", choices=AXES, default=[], metavar="AXIS",
                      help=f"match cells without this axis ({', '.join(AXES)}); repeatable")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    cmp.add_argument("--threshold", action="append", default=[], metavar="METRIC=RATIO",
+                     help="slowdown threshold of one metric (repeatable), e.g. boot_s=1.5; metrics: "
+                          + ", ".join(f"{m.name} (default {m.threshold})" for m in METRICS.values()))
+    cmp.add_argument("--verbose", action="store_true", help="also list the metrics that did not change")
     _compare_flags(cmp, "compare outputs by this rule (default: run A's config's `comparison`)")
     cmp.set_defaults(func=cmd_compare)
     for name in ("versions", "bisect"):

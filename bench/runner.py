@@ -175,7 +175,7 @@ def _perf(cell: Cell, outcome: ServerOutcome, requests: list[RequestRecord], req
     if outcome.boot_s is not None and log.is_file():
         end = outcome.stop_requested_at_byte if outcome.stop_requested_at_byte is not None else log.stat().st_size
         facts = log_facts(read_log_bytes(log, 0, end).decode("utf-8", errors="replace"))
-    return run_perf(outcome.boot_s, facts, requests, requests_s, metrics, checkpoint_bytes(cell.model.path))
+    return run_perf(outcome, facts, requests, requests_s, metrics, checkpoint_bytes(cell.model.path))
 
 
 def check_devices(config: Config, cells: list[Cell]) -> None:

@@ -6,7 +6,9 @@ by (model, load_format, platform); `ignore` names axes to leave out explicitly. 
 more than one cell of a run is ambiguous: a usage error rather than a guess.
 
 A *regression* is a matched cell that passed in A and fails or is flaky in B, or that shows a
-failure reason in B it did not show in A (when A judged any run). Cells only in one run are
+failure reason in B it did not show in A (when A judged any run), or that is slower in B by the
+rule of bench.core.perf (the bootstrap interval of a metric's ratio lies beyond its threshold;
+"cannot tell" is reported, not a regression). Cells only in one run are
 listed but are no regression: there is nothing to compare them with.
 
 Output divergence compares, per prompt, the outputs of each cell's first clean run, with the
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bench.core.config import ConfigError
 from bench.core.judge import reference_outputs
+from bench.core.perf import METRICS, MIN_RUNS, SlowdownCheck, run_values, slowdowns
 from bench.core.records import CellSummary, Fingerprint, RequestRecord, RunRecord
 from bench.core.stats import rate_text
 from bench.core.tokens import EXACT, Comparator, Output
@@ -42,6 +45,7 @@ class Side(_Record):
     cells: list[CellSummary]
     outputs: dict[str, dict[str, Output]]  # cell id -> prompt id -> first clean run's output
     fingerprints: list[Fingerprint]
+    perf: dict[str, dict[str, list[float]]] = {}  # cell id -> metric -> one value per run (bench.core.perf)
 
 
 def side_from_records(
@@ -60,7 +64,8 @@ def side_from_records(
     # reference_outputs skips runs with findings of their own; a run that only diverged from
     # the baseline still counts as clean here, which is what "its output" means for comparing.
     outputs = {c.cell_id: reference_outputs(runs_of[c.cell_id], reqs_of[c.cell_id]) for c in cells}
-    return Side(name=name, cells=cells, outputs=outputs, fingerprints=fingerprints)
+    perf = {c.cell_id: run_values(runs_of[c.cell_id], reqs_of[c.cell_id]) for c in cells}
+    return Side(name=name, cells=cells, outputs=outputs, fingerprints=fingerprints, perf=perf)
 
 
 class PromptOutput(_Record):
@@ -85,6 +90,7 @@ class CellChange(_Record):
     outputs: list[PromptOutput]
     a_nondeterministic: bool
     b_nondeterministic: bool
+    slowdowns: list[SlowdownCheck] = []  # one per metric both sides measured
 
 
 class FingerprintChange(_Record):
@@ -151,6 +157,8 @@ def _outputs(a: dict[str, Output], b: dict[str, Output], comparator: Comparator)
 
 def _cell_change(
     a: CellSummary, b: CellSummary, out_a: dict[str, Output], out_b: dict[str, Output], comparator: Comparator,
+    perf_a: dict[str, list[float]] | None = None, perf_b: dict[str, list[float]] | None = None,
+    thresholds: dict[str, float] | None = None,
 ) -> CellChange:
     new = sorted(set(b.reasons) - set(a.reasons)) if a.runs else []
     why = []
@@ -158,12 +166,15 @@ def _cell_change(
         why.append(f"verdict pass → {b.verdict}")
     if new:
         why.append(f"new failure reasons: {', '.join(new)}")
+    checks = slowdowns(perf_a or {}, perf_b or {}, thresholds)
+    why += [c.text() for c in checks if c.verdict == "slower"]
     return CellChange(
         label=_label(a, b), a_id=a.cell_id, b_id=b.cell_id, a_verdict=a.verdict, b_verdict=b.verdict,
         a_rate=rate_text(a.failures, a.runs), b_rate=rate_text(b.failures, b.runs),
         new_reasons=new, gone_reasons=sorted(set(a.reasons) - set(b.reasons)),
         regression=bool(why), improvement=a.verdict.failing and b.verdict == Verdict.PASS, why=why,
         outputs=_outputs(out_a, out_b, comparator), a_nondeterministic=a.nondeterministic, b_nondeterministic=b.nondeterministic,
+        slowdowns=checks,
     )
 
 
@@ -189,6 +200,7 @@ def _fingerprint_changes(a: Side, b: Side, pairs: list[tuple[str, str]]) -> list
 
 def compare(
     a: Side, b: Side, ignore: frozenset[str] = frozenset(), comparator: Comparator = EXACT,
+    thresholds: dict[str, float] | None = None,
 ) -> Comparison:
     """Matches A's cells with B's (see the module docstring) and lists what changed."""
     unknown = sorted(ignore - set(AXES))
@@ -206,9 +218,13 @@ def compare(
             f"no cell of A ({a.name}) matches a cell of B ({b.name}) by "
             f"{' × '.join(x for x in AXES if x not in ignore)}; pass --match-ignore AXIS to match by fewer axes"
         )
+    unknown_metrics = sorted(set(thresholds or {}) - set(METRICS))
+    if unknown_metrics:
+        raise ConfigError(f"--threshold {', '.join(unknown_metrics)}: metrics are {', '.join(METRICS)}")
     changes = [
         _cell_change(index_a[k], index_b[k], a.outputs.get(index_a[k].cell_id, {}),
-                     b.outputs.get(index_b[k].cell_id, {}), comparator)
+                     b.outputs.get(index_b[k].cell_id, {}), comparator,
+                     a.perf.get(index_a[k].cell_id), b.perf.get(index_b[k].cell_id), thresholds)
         for k in matched
     ]
     pairs = list(dict.fromkeys((index_a[k].image, index_b[k].image) for k in matched))
@@ -237,7 +253,18 @@ def _outputs_line(outputs: list[PromptOutput]) -> str:
     return "outputs: " + "; ".join(parts) + (f"; {same} the same" if same else "")
 
 
-def format_comparison(c: Comparison) -> list[str]:
+def _perf_lines(checks: list[SlowdownCheck], verbose: bool) -> list[str]:
+    """Slower metrics are in the cell's `why`; here the rest, with too few runs said once."""
+    few = [c for c in checks if c.verdict == "cannot tell" and min(c.runs) < MIN_RUNS]
+    out = [c.text() for c in checks if c not in few and c.verdict != "slower" and (c.verdict != "same" or verbose)]
+    if few:
+        runs = sorted({c.runs for c in few})
+        out.append(f"performance: not enough repeats to tell ({', '.join(f'{a} and {b}' for a, b in runs)} runs; "
+                   f"{MIN_RUNS} needed) for {', '.join(METRICS[c.metric].label for c in few)}")
+    return out
+
+
+def format_comparison(c: Comparison, verbose: bool = False) -> list[str]:
     """The comparison as plain text lines, regressions first."""
     lines = [f"A: {c.a_name}", f"B: {c.b_name}"]
     if c.ignored_axes:
@@ -259,6 +286,7 @@ def format_comparison(c: Comparison) -> list[str]:
         if cell.gone_reasons:
             lines.append(f"            reasons gone: {', '.join(cell.gone_reasons)}")
         lines.append(f"            {_outputs_line(cell.outputs)}")
+        lines += [f"            {line}" for line in _perf_lines(cell.slowdowns, verbose)]
         if cell.b_nondeterministic and not cell.a_nondeterministic:
             lines.append("            nondeterministic in B (outputs differ between its repeats), not in A")
     for name, ids in (("only in A", c.only_a), ("only in B", c.only_b)):

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from bench.core.logfacts import LogFacts
-from bench.core.records import MetricSummary, RequestRecord, RunPerf, RunRecord, ServerMetrics
+from bench.core.records import MetricSummary, RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome
 
 MIN_RUNS = 3
 BOOTSTRAP = 2000
@@ -222,7 +222,7 @@ def slowdowns(a: dict[str, list[float]], b: dict[str, list[float]],
     return out
 
 
-def run_perf(boot_s: float | None, facts: LogFacts | None, requests: list[RequestRecord], requests_s: float | None,
+def run_perf(outcome: ServerOutcome, facts: LogFacts | None, requests: list[RequestRecord], requests_s: float | None,
              metrics: ServerMetrics | None, checkpoint_bytes: int | None) -> RunPerf:
     """One run's figures from what the runner measured and what the server's log says."""
     load_s = None
@@ -232,8 +232,9 @@ def run_perf(boot_s: float | None, facts: LogFacts | None, requests: list[Reques
             load_s = next((p.seconds for p in facts.loaders if not p.short and p.seconds), None)
     tokens = sum(len(q.token_ids or []) for q in requests if q.error_kind is None)
     return RunPerf(
-        boot_s=boot_s, phases=facts.phases if facts else {}, weights_load_s=load_s,
+        boot_s=outcome.boot_s, phases=facts.phases if facts else {}, weights_load_s=load_s,
         engine_init_s=facts.engine_init_s if facts else None, checkpoint_bytes=checkpoint_bytes,
         output_tokens=tokens, throughput_tok_s=tokens / requests_s if requests_s and tokens else None,
-        metrics=metrics,
+        metrics=metrics, peak_rss_bytes=outcome.peak_memory_bytes, peak_gpu_bytes=outcome.peak_gpu_bytes,
+        memory_source=outcome.memory_source,
     )

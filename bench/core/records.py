@@ -96,6 +96,9 @@ class ServerOutcome(Record):
     shutdown_s: float | None = None
     devices: Devices | None = None  # None: not bound to devices (a platform without `devices`)
     ended_at: float | None = None  # wall clock once nothing of the server was left
+    peak_memory_bytes: int | None = None  # sampled while it ran (bench.serve.memory), until the stop
+    peak_gpu_bytes: int | None = None  # where nvidia-smi exists
+    memory_source: str | None = None  # how peak_memory_bytes was counted
 
 
 class ServerMetrics(Record):

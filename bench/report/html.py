@@ -18,9 +18,11 @@ from collections import defaultdict
 from html import escape
 
 from bench.core.diagnosis import Diagnosis
+from bench.core.perf import METRICS
 from bench.core.records import CellSummary, Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
 from bench.core.stats import percent_range, rate_text
 from bench.core.verdicts import Verdict
+from bench.report.perf import PLOTS, strip_svg
 
 RUNS_SHOWN = 200  # rows per cell's runs table; the JSONL has the rest
 PLOT_RUNS = 500
@@ -384,7 +386,9 @@ svg.plot{background:#fbfcfd;border:1px solid var(--line);border-radius:4px}
 svg .pt{font-size:11px;fill:#2d3748}svg .yl{font-size:10px;fill:var(--muted);text-anchor:end}
 svg .xl{font-size:10px;fill:var(--muted)}svg .xl.end{text-anchor:end}svg .axis{stroke:#a0aec0}
 svg .b-pass{fill:#48bb78}svg .b-fail{fill:#e53e3e}svg .na{font-size:10px;fill:#a0aec0;text-anchor:middle}
-svg .d-pass{stroke:#2b6cb0;fill:#2b6cb0}svg .d-fail{stroke:#e53e3e;fill:#e53e3e}
+svg .d-pass{stroke:#2b6cb0;fill:#2b6cb0}
+svg.strip .d-pass{fill-opacity:.35;stroke:none}svg .med{stroke:#1a202c;stroke-width:2}
+svg .d-fail{stroke:#e53e3e;fill:#e53e3e}
 table.runs,table.fp,table.env{border-collapse:collapse;width:100%;font-size:13px;background:#fff}
 table.runs th,table.runs td,table.fp th,table.fp td{border:1px solid var(--line);padding:4px 6px;text-align:left;
 vertical-align:top}
@@ -469,6 +473,25 @@ def _diagnosis_html(diagnosis: Diagnosis | None) -> str:
     return "".join(parts)
 
 
+def _perf_html(summary: Summary, runs_of: dict[str, dict[int, RunRecord]],
+               reqs_of: dict[str, dict[int, list[RequestRecord]]]) -> str:
+    """Distributions per cell, where a reader would rather look than read: boot, weight loading,
+    time to first token, inter-token latency (every sample of every run)."""
+    plots = []
+    for name in PLOTS:
+        metric = METRICS[name]
+        rows = [(c.cell_id, [v for repeat, run in sorted(runs_of.get(c.cell_id, {}).items()) if not run.interrupted
+                             for v in metric.per_run(run, reqs_of.get(c.cell_id, {}).get(repeat, []))])
+                for c in summary.cells]
+        svg = strip_svg(f"{metric.label} ({metric.unit}), one dot per sample, tick at the median", metric.unit,
+                        [(label, vs) for label, vs in rows if vs])
+        if svg:
+            plots.append(svg)
+    if not plots:
+        return ""
+    return "<h2>Performance</h2>" + "".join(f"<div>{p}</div>" for p in plots)
+
+
 def html_report(
     summary: Summary,
     runs: list[RunRecord],
@@ -518,6 +541,7 @@ def html_report(
                          fingerprints)
             for c in summary.cells
         )
+        + _perf_html(summary, runs_of, reqs_of)
         + _diagnosis_html(diagnosis)
         + f"<h2>Environments</h2>{_fingerprint_table(fingerprints)}</main>"
         f"<script>{_JS}</script></body></html>\n"

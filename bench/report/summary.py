@@ -26,6 +26,7 @@ from bench.core.tokens import EXACT, Comparator, comparator_for
 from bench.core.verdicts import Verdict
 from bench.report.html import html_report
 from bench.report.junit import junit_xml
+from bench.report.perf import perf_markdown
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -207,6 +208,7 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
                 f"{f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
                 + (f" probe error: {f.error}" if f.error else "")
             )
+    lines += perf_markdown(summary.cells)
     if diagnosis is not None:
         lines += diagnosis_markdown(diagnosis)
     lines += ["", "Per-run detail: `report.html` and `junit.xml` in the results folder."]

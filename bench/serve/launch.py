@@ -38,6 +38,7 @@ from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import Stopped, StopToken
 from bench.serve.fingerprint import fingerprint
 from bench.serve.launchers import AuditSite
+from bench.serve.memory import PeakSampler, gpu_bytes, pids_of_tree, rss_of_tree
 
 HOST = "127.0.0.1"
 RUN_LABEL = "REGBENCH_RUN_DIR"
@@ -189,6 +190,10 @@ class Handle(Protocol):
     # the handle cannot tell (a server on another host: then nothing proves ownership).
     def foreign_port_holder(self, port: int) -> str | None: ...
     def cleanup(self) -> None: ...  # reap stragglers, remove what was created; idempotent
+    # Memory the server holds now: (host bytes, GPU bytes), None where it cannot be told; and
+    # how host memory is counted (bench.serve.memory).
+    def memory(self) -> tuple[int | None, int | None]: ...
+    memory_source: str
 
 
 class Server:
@@ -215,6 +220,7 @@ class Server:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.health_url = f"http://{host}:{port}{health_path}"
         self.handle: Handle | None = None
+        self.sampler: PeakSampler | None = None
         # Looked at while booting, so that stopping a run does not wait out a boot.
         self.stop = stop or StopToken()
         self.outcome = ServerOutcome(
@@ -247,6 +253,7 @@ class Server:
             self._update(start_error=str(exc))
             raise BootError(str(exc)) from None
         self._update(started_at=time.time(), image_id=self.handle.identity())
+        self.sampler = PeakSampler(self.handle.memory).start()
 
     def _wait_healthy(self) -> None:
         assert self.handle is not None
@@ -292,6 +299,13 @@ class Server:
         # A second Ctrl-C must not cut the clean-up short: hold signals until the server is gone.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
+            if self.sampler is not None:
+                # Until the stop is asked for: what a server holds while it shuts down is not its load.
+                self.sampler.stop()
+                if self.handle is not None:
+                    self._update(peak_memory_bytes=self.sampler.peak_host, peak_gpu_bytes=self.sampler.peak_gpu,
+                                 memory_source=self.handle.memory_source)
+                self.sampler = None
             self._reap()
         finally:
             if self.outcome.ended_at is None:
@@ -364,6 +378,8 @@ class LogPump:
 class ProcessGroup:
     """A Handle on a local process started in its own session, and its scratch folder."""
 
+    memory_source = "resident memory of the server's processes"
+
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, scratch: Path,
                  redactor: Redactor | None = None):
         self.log_path = log_path
@@ -415,6 +431,9 @@ class ProcessGroup:
 
     def foreign_port_holder(self, port: int) -> str | None:
         return foreign_port_holder(port, self.owns)
+
+    def memory(self) -> tuple[int | None, int | None]:
+        return rss_of_tree(self.proc.pid), gpu_bytes(pids_of_tree(self.proc.pid))
 
     def cleanup(self) -> None:
         # The leader may be gone while children linger (an engine core, a resource tracker).

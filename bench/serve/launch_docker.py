@@ -166,6 +166,8 @@ def image_identity(img: DockerImage) -> tuple[str, str | None]:
 class Container:
     """A Handle on one running container, its output streamed to the log file."""
 
+    memory_source = "container memory as its cgroup counts it, page cache excluded"
+
     def __init__(self, c: docker.DockerClient, ref: str, command: list[str], create: dict, log_path: Path,
                  redactor: Redactor | None = None):
         self.log_path = log_path
@@ -237,6 +239,22 @@ class Container:
     def foreign_port_holder(self, port: int) -> str | None:
         # Host networking: the container's sockets are this host's, /proc tells who holds them.
         return foreign_port_holder(port, self.owns)
+
+    def memory(self) -> tuple[int | None, int | None]:
+        try:
+            stats = self.container.stats(stream=False, one_shot=True)
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return None, None
+        if not isinstance(stats, dict):  # stream=False returns one dict
+            return None, None
+        mem = stats.get("memory_stats") or {}
+        usage = mem.get("usage")
+        if usage is None:
+            return None, None
+        # As `docker stats` shows it: the cgroup's usage less its inactive page cache.
+        inactive = (mem.get("stats") or {}).get("inactive_file", 0)
+        # GPU memory: nvidia-smi on the host sees the container's processes as host pids.
+        return int(usage) - int(inactive), None
 
     def cleanup(self) -> None:
         _remove(self.container)

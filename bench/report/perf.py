@@ -1,0 +1,69 @@
+"""Performance figures as the reports show them: a Markdown table per cell, and strip plots of
+the distributions (boot, weight loading, TTFT, ITL) per cell for report.html. Pure."""
+
+from __future__ import annotations
+
+from bench.core.perf import METRICS, fmt
+from bench.core.records import CellSummary, MetricSummary
+
+TABLE = ("boot_s", "weights_load_s", "load_gb_s", "ttft_s", "itl_s", "latency_s", "throughput_tok_s", "peak_rss_bytes")
+PLOTS = ("boot_s", "weights_load_s", "ttft_s", "itl_s")
+
+
+def _figure(m: MetricSummary | None, metric: str) -> str:
+    if m is None:
+        return "–"
+    unit = METRICS[metric].unit
+    if m.samples > m.runs:  # request-level: pooled median and p90
+        return f"{fmt(m.p50, unit)} / {fmt(m.p90, unit)}"
+    ci = f" ({fmt(m.run_median_ci[0], unit)}–{fmt(m.run_median_ci[1], unit)})" if m.run_median_ci else ""
+    return fmt(m.run_median, unit) + ci
+
+
+def perf_markdown(cells: list[CellSummary]) -> list[str]:
+    shown = [c for c in cells if c.perf]
+    if not shown:
+        return []
+    head = " | ".join(METRICS[m].label for m in TABLE)
+    lines = ["", "## Performance", "",
+             "Per cell over its runs: run-level figures as the median with its bootstrap 95 % interval over runs; "
+             "request-level ones (TTFT, ITL, latency) as median / p90 over every request or token. "
+             "`regbench compare` checks them for slowdowns.", "",
+             f"| cell | runs | {head} |", "|---|---|" + "---|" * len(TABLE)]
+    for c in shown:
+        runs = max((m.runs for m in c.perf.values()), default=0)
+        lines.append(f"| `{c.cell_id}` | {runs} | " + " | ".join(_figure(c.perf.get(m), m) for m in TABLE) + " |")
+    return lines
+
+
+def _e(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def strip_svg(title: str, unit: str, rows: list[tuple[str, list[float]]]) -> str:
+    """One row per cell, a dot per sample on a shared axis from 0 to the largest value, and a tick at each row's median."""
+    values = [v for _, vs in rows for v in vs]
+    if not values:
+        return ""
+    vmax = max(values) or 1.0
+    w, left, right, row_h, top = 640, 230, 16, 18, 24
+    h = top + row_h * len(rows) + 18
+    span = w - left - right
+    parts = [f'<svg class="plot strip" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{_e(title)}">',
+             f'<text x="6" y="14" class="pt">{_e(title)}</text>',
+             f'<line x1="{left}" y1="{h - 16}" x2="{w - right}" y2="{h - 16}" class="axis"/>',
+             f'<text x="{left}" y="{h - 3}" class="xl">0</text>',
+             f'<text x="{w - right}" y="{h - 3}" class="xl end">{_e(fmt(vmax, unit))}</text>']
+    for i, (label, vs) in enumerate(rows):
+        y = top + i * row_h + row_h / 2
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="yl">{_e(label[-34:])}</text>')
+        step = max(1, len(vs) // 400)  # a few hundred dots per row is enough to see a distribution
+        for v in sorted(vs)[::step]:
+            parts.append(f'<circle cx="{left + span * v / vmax:.1f}" cy="{y:.1f}" r="2" class="d-pass"/>')
+        if vs:
+            med = sorted(vs)[len(vs) // 2]
+            x = left + span * med / vmax
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 6:.1f}" y2="{y + 6:.1f}" class="med">'
+                         f"<title>{_e(label)}: median {_e(fmt(med, unit))}, {len(vs)} samples</title></line>")
+    parts.append("</svg>")
+    return "".join(parts)
