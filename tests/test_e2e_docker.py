@@ -97,6 +97,8 @@ def test_docker_runs_get_the_same_diagnosis_from_the_containers_logs(smoke):
     # The pre-flight audit ran in the image: nothing is left unknown, as on the local launcher.
     assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == [] and m.unknown == []
     assert "0/21 tensors delivered" in " | ".join(e.says for e in m.supports)
+    # Its reproduction audits in the same image.
+    assert m.confirm is not None and "--image regbench/vllm-cpu:0.32.0-streamer-0.16.0" in m.confirm
 
 
 def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):
@@ -113,6 +115,20 @@ def test_docker_runs_record_the_image_and_the_versions_inside_it(smoke, engine):
         assert r.server.image_id == expected
         assert r.server.exit_code == 0 and not r.server.killed  # SIGTERM reached vLLM in the container
         assert "[shutdown]" in (run_dir / r.server.log_path).read_text()  # logs through the shutdown
+
+
+def test_docker_runs_record_performance_from_the_container(smoke):
+    _, _, run_dir, _ = smoke
+    runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
+    for r in runs:
+        p = r.perf
+        assert p is not None and p.boot_s is not None and "server_ready" in p.phases
+        # Peak memory as the container's cgroup counts it: a vLLM server's worth.
+        assert p.peak_rss_bytes is not None and p.peak_rss_bytes > 300 * 2**20, p
+        assert "cgroup" in (p.memory_source or "")
+        assert p.metrics is not None and p.metrics.error is None and p.metrics.requests == 4
+        if not r.findings:  # a healthy run: the engine's count is what arrived
+            assert p.metrics.generation_tokens == p.output_tokens == 4 * 128
 
 
 def test_a_secret_passed_by_name_is_in_no_file(smoke):

@@ -10,7 +10,7 @@ from bench.core.config import Config
 from bench.core.contrast import contrast
 from bench.core.diagnosis import CellEvidence, Diagnosis, diagnose, load_signatures
 from bench.core.logfacts import log_facts
-from bench.core.matrix import expand
+from bench.core.matrix import Cell, expand
 from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
 from bench.store.results import read_log_bytes
 
@@ -54,7 +54,8 @@ def gather(
                         and p.image == cell.image.name and p.load_format == cell.load_format.name), None),
             short_finish_reasons=short,
             command_vars={"model": cell.model.path, "python": cell.image.python,
-                          "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id},
+                          "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id,
+                          "where": _audit_where(cell)},
         ))
     return out
 
@@ -65,3 +66,12 @@ def diagnose_results(
 ) -> Diagnosis:
     evidence = gather(results_path, config, summary, runs, requests, fingerprints)
     return diagnose(evidence, load_signatures(*(Path(d) for d in config.signatures)))
+
+
+def _audit_where(cell: Cell) -> str:
+    """Where `regbench audit` reproduces a cell's loading: in a container of its image, or with
+    the image's Python and overlay on this host."""
+    if cell.image.ref is not None:
+        return f"--image {cell.image.ref}"
+    return f"--python {cell.image.python}" + (f" --pythonpath {' '.join(cell.image.pythonpath)}"
+                                               if cell.image.pythonpath else "")
