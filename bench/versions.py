@@ -214,21 +214,20 @@ def _probe(probe: ProbeFn, root: Path, version: str, plan: Plan) -> Outcome | No
     return outcome
 
 
-def run_map(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
-            status: Callable[[str], None] = lambda s: None) -> VersionMap:
-    """Every version in order; the map is saved after each."""
-    have = {o.version: o for o in vmap.outcomes}
+def _walk(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
+          status: Callable[[str], None], choose: Callable[[dict[str, Outcome]], str | None]) -> VersionMap:
+    """Probes what `choose` names next, given the outcomes so far, until it names nothing; the map
+    is saved after every probe, and an interrupt ends it as interrupted."""
+    outcomes = {o.version: o for o in vmap.outcomes}
     try:
-        for version in vmap.versions:
-            if version in have:
-                continue
+        while (version := choose(outcomes)) is not None:
             status(f"{version}: probing")
             outcome = _probe(probe, root, version, vmap.plan)
             if outcome is None:
                 vmap = vmap.model_copy(update={"interrupted": True})
                 break
-            have[version] = outcome
-            vmap = vmap.model_copy(update={"outcomes": [have[v] for v in vmap.versions if v in have]})
+            outcomes[version] = outcome
+            vmap = vmap.model_copy(update={"outcomes": [*vmap.outcomes, outcome]})
             status(f"{version}: {outcome.kind.words}")
             save(vmap)
     except KeyboardInterrupt:
@@ -237,33 +236,26 @@ def run_map(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[Versio
     return vmap
 
 
+def run_map(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
+            status: Callable[[str], None] = lambda s: None) -> VersionMap:
+    """Every version, in order."""
+    return _walk(probe, root, vmap, save, status, lambda have: next((v for v in vmap.versions if v not in have), None))
+
+
 def run_bisect(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
                status: Callable[[str], None] = lambda s: None) -> VersionMap:
     """Probes the ends, then the middle of what is left, until the change point is found."""
     if vmap.good is None or vmap.bad is None:
         raise VersionsError("a bisect needs a good and a bad end")
     good, bad = vmap.good, vmap.bad
-    outcomes = {o.version: o for o in vmap.outcomes}
-    order = [o.version for o in vmap.outcomes]
-    state: BisectState = bisect_state(vmap.versions, good, bad, outcomes)
-    try:
-        while state.next is not None:
-            version = state.next
-            status(f"{version}: probing ({state.verdict})")
-            outcome = _probe(probe, root, version, vmap.plan)
-            if outcome is None:
-                vmap = vmap.model_copy(update={"interrupted": True})
-                break
-            outcomes[version] = outcome
-            order.append(version)
-            state = bisect_state(vmap.versions, good, bad, outcomes)
-            vmap = vmap.model_copy(update={"outcomes": [outcomes[v] for v in order], "bisect": state})
-            status(f"{version}: {outcome.kind.words}")
-            save(vmap)
-    except KeyboardInterrupt:
-        vmap = vmap.model_copy(update={"interrupted": True})
-    save(vmap.model_copy(update={"bisect": state}))
-    return vmap.model_copy(update={"bisect": state})
+
+    def state(have: dict[str, Outcome]) -> BisectState:
+        return bisect_state(vmap.versions, good, bad, have)
+
+    walked = _walk(probe, root, vmap, save, status, lambda have: state(have).next)
+    done = walked.model_copy(update={"bisect": state({o.version: o for o in walked.outcomes})})
+    save(done)
+    return done
 
 
 def write_versions(root: Path, vmap: VersionMap) -> None:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from bench.core.diagnosis import Diagnosis
-from bench.core.records import PreflightRecord, RunRecord, Summary
+from bench.core.records import PreflightRecord, RequestRecord, RunRecord, Summary
 
 from .support import SMOKE, one_cell_config, processes_labelled, regbench
 
@@ -101,6 +101,23 @@ def test_smoke_records_are_complete_and_the_fixed_streamer_matches_the_baseline(
     assert audits["streamer-0.17.0"].ok and audits["streamer-0.17.0"].lost == 0
     (inspect,) = [p for p in preflight if p.kind == "inspect"]
     assert inspect.ok and any("stream_stop_risk" in n for n in inspect.notes)
+
+
+def test_every_smoke_run_records_its_boot_phases_load_and_counters(smoke_run):
+    _, _, run_dir = smoke_run
+    runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
+    for r in runs:
+        p = r.perf
+        assert p is not None and p.boot_s is not None and {"engine_start", "server_ready"} <= set(p.phases)
+        assert p.metrics is not None and p.metrics.generation_tokens == p.output_tokens == 4 * 128
+        assert p.peak_rss_bytes is not None and p.peak_rss_bytes > 500 * 2**20
+        if r.cell_id == STREAMER_BUG:
+            # The streamer's bar stopped at 0/21: no loading time, so no throughput to claim.
+            assert p.load_gb_s is None
+        else:
+            assert p.load_gb_s is not None and p.load_gb_s > 0, r.cell_id
+    streamed = [RequestRecord.model_validate_json(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    assert all((q.ttft_s is not None) == q.stream for q in streamed)
 
 
 def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path, smoke_run):
