@@ -40,6 +40,7 @@ from bench.report.versions import table as versions_table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.serve.platforms import host_facts, select
+from bench.slurm import SlurmError, SlurmJob, SlurmOptions, collect, follow, submit
 from bench.store.merge import merge
 from bench.store.publish import load_side, open_results, rederive, regenerate
 from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
@@ -191,6 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cells = slice_cells(select(expand(config), config, host_facts(), args.platform), args.cell,
                         parse_shard(args.shard) if args.shard else None)
     check_devices(config, cells)
+    if args.executor == "slurm":
+        return _run_on_slurm(args, config, cells, run_id)
     if args.resume is None:
         try:
             results = ResultsDir.create(Path(args.results), run_id, config)
@@ -215,6 +218,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     out.print(table(summary))
     out.print(f"results: {results.path}", highlight=False)
     return summary.exit_code
+
+
+def _run_on_slurm(args: argparse.Namespace, config: Config, cells: list, run_id: str) -> int:
+    """`regbench run CONFIG --executor slurm`: one job per cell, followed, merged into one folder."""
+    if args.resume is not None or args.config is None:
+        raise ConfigError("--executor slurm starts a run from a matrix file (--resume is not supported with it yet)")
+    results = Path(args.results).resolve()
+    if (results / run_id).exists():
+        raise ConfigError(f"results directory {results / run_id} exists already")
+    root = results / f".slurm-{run_id}"
+    options = SlurmOptions(partition=args.partition, account=args.account, time_limit=args.time_limit,
+                           gpus_per_job=args.gpus_per_job, extra=list(args.sbatch_arg or []))
+    stop = StopToken()
+    _interrupt_on_sigterm()
+    jobs: list[SlurmJob] = []
+    try:
+        for i, cell in enumerate(cells):
+            gpu = config.profile(cell.platform).device_kind == "gpu"
+            jobs.append(submit(cell, Path(args.config).resolve(), run_id, root, i, options, gpu))
+            err.print(f"submitted job {jobs[-1].job_id}: {cell.id}", highlight=False)
+        jobs = follow(jobs, stop, lambda s: err.print(s, highlight=False, markup=False))
+    except KeyboardInterrupt:
+        stop.stop("interrupted")
+        jobs = follow(jobs, stop, lambda s: err.print(s, highlight=False, markup=False))
+    except SlurmError as exc:
+        stop.stop(str(exc))
+        follow(jobs, stop, lambda s: err.print(s, highlight=False, markup=False))
+        raise ConfigError(str(exc)) from None
+    for j in jobs:
+        if j.state != "COMPLETED":
+            err.print(f"job {j.job_id} {j.cell_id}: {j.state}" + (f" ({j.reason})" if j.reason else "")
+                      + (f" on {j.node}" if j.node else ""), highlight=False, markup=False)
+    merged = collect(jobs, run_id, results)
+    if merged is None:
+        err.print("no job wrote any results", highlight=False)
+        return EXIT_INTERRUPTED if stop.stopped else EXIT_FAIL
+    summary = regenerate(merged.path)
+    out.print(table(summary))
+    out.print(f"results: {merged.path}", highlight=False)
+    if stop.stopped:
+        return EXIT_INTERRUPTED
+    return summary.exit_code if all(j.state == "COMPLETED" for j in jobs) else EXIT_FAIL
 
 
 def _comparator(args: argparse.Namespace, config_of: Path) -> Comparator | None:
@@ -486,6 +531,16 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--devices", metavar="LIST",
                      help="devices this run may take, e.g. 0,1 or 4-7 or none: cells run side by side, each "
                           "on its own (default: the platform profile's `devices`)")
+    run.add_argument("--executor", choices=["local", "slurm"], default="local",
+                     help="slurm: one Slurm job per cell (sbatch), followed and merged into one results folder; "
+                          "--results must be on a path every node shares")
+    run.add_argument("--partition", help="with --executor slurm: sbatch --partition")
+    run.add_argument("--account", help="with --executor slurm: sbatch --account")
+    run.add_argument("--time-limit", metavar="TIME", help="with --executor slurm: sbatch --time, per job")
+    run.add_argument("--gpus-per-job", type=int, metavar="N",
+                     help="with --executor slurm: --gres=gpu:N per job (default: the cell's tensor_parallel_size "
+                          "on a GPU platform, none on a CPU one)")
+    run.add_argument("--sbatch-arg", action="append", metavar="ARG", help="with --executor slurm: another sbatch argument")
     run.set_defaults(func=cmd_run)
     merge_p = sub.add_parser("merge", help="merge the results folders of the slices of one run, reports regenerated")
     merge_p.add_argument("dirs", nargs="+", metavar="DIR")

@@ -44,10 +44,11 @@ else
     -- .venv-vllm/bin/python scripts/make_real_model.py .cache/models --dtypes float32,bfloat16 --layouts canary,partial
 fi
 
-# What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py),
+# What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py), Slurm,
 # headless Chromium (tests/test_report_browser.py opens report.html in it), and the GitHub
 # Actions schema validator (tests/test_workflow.py).
 bash scripts/setup-docker.sh
+bash scripts/slurm.sh install  # tests/test_e2e_slurm.py starts and stops a two-node Slurm of its own
 install_chromium() {
   apt-get update
   DEBIAN_FRONTEND=noninteractive apt-get install -y chromium

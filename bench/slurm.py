@@ -1,0 +1,231 @@
+"""The Slurm executor: one matrix run as Slurm jobs, one job per cell, merged into one results folder.
+
+matrix → cells → one `sbatch` per cell (the one-slice `regbench run --cell ID --run-id RUN` into
+a slice folder on a path every node shares) → followed with squeue/scontrol → slices merged
+(bench.store.merge) → one report.
+
+Why Slurm's own commands and no client library: sbatch, squeue, scontrol and scancel are the
+interface every Slurm site keeps stable and documents, and they are what a user debugging a stuck
+job types too; the Python bindings (pyslurm) must match the cluster's exact Slurm release and be
+built against its headers. A job is named `regbench-RUN` and carries `--comment RUN`, so that a
+second bench on the same cluster never touches this run's jobs (scancel by id, never by user).
+
+Inside a job the bench runs with `--devices none`: Slurm has already bound the job to its GPUs
+(CUDA_VISIBLE_DEVICES, set by its GRES plugin), and the launcher then leaves that variable as
+Slurm set it rather than binding devices of the platform profile again.
+
+Stopping (Ctrl-C, SIGTERM, a worker error) cancels every job of the run and waits until none is
+queued or running. A job that failed, hit its time limit, was cancelled or whose node went down
+is recorded as such (slurm.jsonl in the merged folder, and on the console); what its slice wrote
+before is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from bench.core.matrix import Cell
+from bench.core.stop import StopToken
+from bench.store.merge import merge
+from bench.store.results import ResultsDir, ResultsError
+
+POLL_S = 2.0
+CANCEL_WAIT_S = 120.0
+# Job states that are over (scontrol's JobState), and what they mean for the cell.
+DONE_STATES = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+               "BOOT_FAIL", "DEADLINE"}
+
+
+class SlurmError(RuntimeError):
+    """Slurm's commands are missing or refused the run: no job of it is left queued."""
+
+
+class SlurmJob(BaseModel):
+    """One cell's job, as Slurm last reported it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cell_id: str
+    job_id: str
+    slice_dir: str
+    state: str = "PENDING"
+    node: str | None = None
+    exit_code: str | None = None  # "0:0": the batch script's exit code and the signal that ended it
+    reason: str | None = None  # Slurm's reason, for a job that did not complete
+    cuda_visible_devices: str | None = None  # as the job saw it (its output's first line)
+    submitted_at: float
+    ended_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in DONE_STATES
+
+
+@dataclass
+class SlurmOptions:
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # sbatch --time
+    gpus_per_job: int | None = None  # None: the cell's tensor_parallel_size on a GPU platform, else 0
+    cpus_per_job: int | None = None
+    mem: str | None = None
+    extra: list[str] = field(default_factory=list)  # further sbatch arguments, as given
+
+
+def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: not found; is this a Slurm submit host?") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(argv[:2])} did not answer in {timeout:.0f} s") from None
+
+
+def job_script(cell: Cell, config_path: Path, run_id: str, slice_dir: Path, python: str = sys.executable) -> str:
+    """The batch script of one cell: prints where it ran, then the one-slice run. A cell that
+    failed (the bench's exit 1) is a job that did its work: the job fails only when the bench
+    could not run (2), write (3) or was stopped (130)."""
+    argv = [python, "-m", "bench", "run", str(config_path), "--cell", cell.id, "--run-id", run_id,
+            "--results", str(slice_dir), "--devices", "none"]
+    return ("#!/bin/bash\n"
+            'echo "regbench-job node=${SLURMD_NODENAME:-} cuda_visible_devices=${CUDA_VISIBLE_DEVICES:-}"\n'
+            f"{shlex.join(argv)}\n"
+            'rc=$?\necho "regbench-exit $rc"\n[ "$rc" -le 1 ] && exit 0\nexit "$rc"\n')
+
+
+def sbatch_args(cell: Cell, run_id: str, slice_dir: Path, options: SlurmOptions, gpu_platform: bool) -> list[str]:
+    gpus = options.gpus_per_job if options.gpus_per_job is not None else (
+        cell.model.tensor_parallel_size if gpu_platform else 0)
+    args = ["sbatch", "--parsable", f"--job-name=regbench-{run_id}", f"--comment={run_id}",
+            f"--output={slice_dir / 'slurm-%j.out'}", f"--chdir={os.getcwd()}", "--export=ALL"]
+    if gpus:
+        args.append(f"--gres=gpu:{gpus}")
+    for flag, value in (("--partition", options.partition), ("--account", options.account),
+                        ("--time", options.time_limit), ("--cpus-per-task", options.cpus_per_job),
+                        ("--mem", options.mem)):
+        if value is not None:
+            args.append(f"{flag}={value}")
+    return args + list(options.extra)
+
+
+def submit(cell: Cell, config_path: Path, run_id: str, root: Path, index: int, options: SlurmOptions,
+           gpu_platform: bool) -> SlurmJob:
+    slice_dir = root / "slices" / f"{index:03d}"
+    slice_dir.mkdir(parents=True, exist_ok=True)
+    argv = sbatch_args(cell, run_id, slice_dir, options, gpu_platform)
+    try:
+        done = subprocess.run(argv, input=job_script(cell, config_path, run_id, slice_dir), capture_output=True,
+                              text=True, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError("sbatch: not found; is this a Slurm submit host?") from None
+    job_id = done.stdout.strip().split(";")[0]
+    if done.returncode != 0 or not job_id.isdigit():
+        raise SlurmError(f"sbatch refused {cell.id}: {(done.stderr or done.stdout).strip()}")
+    return SlurmJob(cell_id=cell.id, job_id=job_id, slice_dir=str(slice_dir), submitted_at=time.time())
+
+
+_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol show job -o ID`: one line of Key=Value pairs."""
+    return dict(_FIELD.findall(text))
+
+
+def _first_line(job: SlurmJob) -> str | None:
+    out = Path(job.slice_dir) / f"slurm-{job.job_id}.out"
+    try:
+        with out.open(encoding="utf-8", errors="replace") as f:
+            line = f.readline()
+    except OSError:
+        return None
+    m = re.search(r"cuda_visible_devices=(\S*)", line)
+    return m.group(1) if m else None
+
+
+def refresh(jobs: list[SlurmJob]) -> list[SlurmJob]:
+    """Each job's state from scontrol (it keeps finished jobs for MinJobAge); a job it no longer
+    knows and squeue does not list is over, as far as anyone can tell: state UNKNOWN."""
+    out = []
+    for job in jobs:
+        if job.done:
+            out.append(job)
+            continue
+        shown = _run(["scontrol", "show", "job", "-o", job.job_id])
+        fields = parse_scontrol(shown.stdout) if shown.returncode == 0 else {}
+        state = fields.get("JobState", "UNKNOWN" if shown.returncode != 0 else job.state)
+        update: dict = {"state": state}
+        if fields.get("NodeList") and fields["NodeList"] != "(null)":
+            update["node"] = fields["NodeList"]
+        if state == "UNKNOWN" or state in DONE_STATES:
+            update.update(exit_code=fields.get("ExitCode"), ended_at=time.time(),
+                          reason=None if state == "COMPLETED" else fields.get("Reason"))
+            if state == "UNKNOWN":
+                update["state"] = "UNKNOWN"
+        if job.cuda_visible_devices is None:
+            update["cuda_visible_devices"] = _first_line(job)
+        out.append(job.model_copy(update=update))
+    return out
+
+
+def cancel(jobs: Sequence[SlurmJob]) -> None:
+    live = [j.job_id for j in jobs if not j.done]
+    if not live:
+        return
+    _run(["scancel", *live])
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while time.monotonic() < deadline:
+        queued = _run(["squeue", "-h", "-o", "%i", "-j", ",".join(live)])
+        if not set(queued.stdout.split()) & set(live):
+            return
+        time.sleep(0.5)
+
+
+def follow(jobs: list[SlurmJob], stop: StopToken, status: Callable[[str], None]) -> list[SlurmJob]:
+    """Until every job is over, or `stop` is set (then every job still queued or running is
+    cancelled, and waited for)."""
+    seen = {j.job_id: (j.state, j.node) for j in jobs}
+    try:
+        while not all(j.done for j in jobs):
+            if stop.wait(POLL_S):
+                break
+            jobs = refresh(jobs)
+            for j in jobs:
+                if seen.get(j.job_id) != (j.state, j.node):
+                    seen[j.job_id] = (j.state, j.node)
+                    where = f" on {j.node}" if j.node else ""
+                    devices = f" (CUDA_VISIBLE_DEVICES={j.cuda_visible_devices})" if j.cuda_visible_devices else ""
+                    status(f"job {j.job_id} {j.cell_id}: {j.state}{where}{devices}")
+    except KeyboardInterrupt:
+        stop.stop("interrupted")
+    if stop.stopped:
+        status(f"stopping: cancelling {sum(not j.done for j in jobs)} job(s)")
+        cancel(jobs)
+        jobs = [j if j.done else j.model_copy(update={"state": "CANCELLED", "reason": stop.reason,
+                                                      "ended_at": time.time()}) for j in jobs]
+    return refresh(jobs)
+
+
+def collect(jobs: list[SlurmJob], run_id: str, out: Path) -> ResultsDir | None:
+    """Merges the slices that wrote anything into out/RUN and records every job there."""
+    slices = [Path(j.slice_dir) / run_id for j in jobs if (Path(j.slice_dir) / run_id / "config.yaml").is_file()]
+    if not slices:
+        return None
+    try:
+        merged = merge(slices, out)
+    except ResultsError:
+        raise
+    with (merged.path / "slurm.jsonl").open("w", encoding="utf-8") as f:
+        for j in jobs:
+            f.write(j.model_dump_json() + "\n")
+    return merged

@@ -1,0 +1,53 @@
+"""The Slurm executor's pieces without a cluster: the batch script, sbatch's arguments, and
+reading scontrol's one-line job records. The real cluster: tests/test_e2e_slurm.py."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from bench.core.config import load_config
+from bench.core.matrix import expand
+from bench.slurm import SlurmJob, SlurmOptions, job_script, parse_scontrol, sbatch_args
+
+from .support import SMOKE
+
+SCONTROL = ("JobId=42 JobName=regbench-r1 UserId=root(0) GroupId=root(0) Priority=1 Account=(null) "
+            "JobState=TIMEOUT Reason=TimeLimit Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:15 "
+            "RunTime=00:01:00 TimeLimit=00:01:00 NodeList=n2 BatchHost=n2 NumNodes=1 Comment=r1")
+
+
+def cells():
+    return expand(load_config(SMOKE))
+
+
+def test_scontrol_records_are_read_by_key():
+    fields = parse_scontrol(SCONTROL)
+    assert (fields["JobState"], fields["Reason"], fields["ExitCode"], fields["NodeList"]) == ("TIMEOUT", "TimeLimit", "0:15", "n2")
+
+
+def test_the_batch_script_runs_one_cell_into_its_slice_and_keeps_slurms_devices(tmp_path):
+    cell = cells()[1]
+    script = job_script(cell, Path("/shared/m.yaml"), "r1", tmp_path / "slices" / "001", python="/venv/bin/python")
+    assert f"--cell {cell.id} --run-id r1" in script and "--devices none" in script
+    assert "cuda_visible_devices=${CUDA_VISIBLE_DEVICES:-}" in script
+    # A failing cell is a job that did its work; the bench not running is a failed job.
+    for rc, job_rc in ((0, 0), (1, 0), (2, 2), (130, 130)):
+        tail = script.split("\n", 2)[2].replace("/venv/bin/python -m bench", f"(exit {rc}) #")
+        assert subprocess.run(["bash", "-c", tail], capture_output=True).returncode == job_rc
+
+
+def test_sbatch_arguments_name_the_run_and_ask_for_the_cells_gpus(tmp_path):
+    cell = cells()[0]
+    args = sbatch_args(cell, "r1", tmp_path, SlurmOptions(partition="gpu", time_limit="30", extra=["--qos=high"]), True)
+    assert "--job-name=regbench-r1" in args and "--comment=r1" in args
+    assert f"--gres=gpu:{cell.model.tensor_parallel_size}" in args
+    assert "--partition=gpu" in args and "--time=30" in args and args[-1] == "--qos=high"
+    assert not [a for a in sbatch_args(cell, "r1", tmp_path, SlurmOptions(), False) if a.startswith("--gres")]
+    assert "--gres=gpu:2" in sbatch_args(cell, "r1", tmp_path, SlurmOptions(gpus_per_job=2), False)
+
+
+def test_a_job_is_done_once_slurm_says_it_is_over():
+    job = SlurmJob(cell_id="c", job_id="1", slice_dir="/x", submitted_at=0.0)
+    assert not job.done
+    assert all(job.model_copy(update={"state": s}).done for s in ("COMPLETED", "TIMEOUT", "NODE_FAIL", "CANCELLED"))
