@@ -6,6 +6,7 @@ SIGTERM; servers are stopped first)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import signal
@@ -40,7 +41,20 @@ from bench.report.versions import table as versions_table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.serve.platforms import host_facts, select
-from bench.slurm import SlurmError, SlurmJob, SlurmOptions, collect, follow, submit
+from bench.slurm import (
+    SlurmError,
+    SlurmJob,
+    SlurmOptions,
+    Submission,
+    collect,
+    follow,
+    load_state,
+    refresh,
+    save_state,
+    save_submission,
+    state_dir,
+    submit,
+)
 from bench.store.merge import merge
 from bench.store.publish import load_side, open_results, rederive, regenerate
 from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
@@ -175,6 +189,8 @@ def _resume(path: str) -> tuple[ResultsDir, frozenset[tuple[str, int]]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.executor == "slurm" and args.resume is not None:
+        return _resume_on_slurm(args)
     if (args.config is None) == (args.resume is None):
         raise ConfigError("give a matrix file to start a run, or --resume DIR to continue one (not both)")
     done: frozenset[tuple[str, int]] = frozenset()
@@ -220,46 +236,94 @@ def cmd_run(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def _slurm_status(text: str) -> None:
+    err.print(text, highlight=False, markup=False)
+
+
 def _run_on_slurm(args: argparse.Namespace, config: Config, cells: list, run_id: str) -> int:
     """`regbench run CONFIG --executor slurm`: one job per cell, followed, merged into one folder."""
-    if args.resume is not None or args.config is None:
-        raise ConfigError("--executor slurm starts a run from a matrix file (--resume is not supported with it yet)")
     results = Path(args.results).resolve()
-    if (results / run_id).exists():
+    if (results / run_id).exists() or state_dir(results, run_id).exists():
         raise ConfigError(f"results directory {results / run_id} exists already")
-    root = results / f".slurm-{run_id}"
+    root = state_dir(results, run_id)
     options = SlurmOptions(partition=args.partition, account=args.account, time_limit=args.time_limit,
                            gpus_per_job=args.gpus_per_job, extra=list(args.sbatch_arg or []))
+    save_submission(root, Submission(config=str(Path(args.config).resolve()), run_id=run_id, results=str(results),
+                                     options=dataclasses.asdict(options), cells=[c.id for c in cells]))
+    todo = [(c, i, 1) for i, c in enumerate(cells)]
+    return _submit_and_follow(config, Path(args.config).resolve(), todo, [], root, run_id, results, options)
+
+
+def _resume_on_slurm(args: argparse.Namespace) -> int:
+    """`regbench run --resume RESULTS/RUN --executor slurm`: jobs still queued or running are
+    followed, cells whose job did not complete are submitted again into their slice (whose
+    finished repeats stay), the rest is kept; then everything is merged again."""
+    path = Path(args.resume).resolve()
+    results, run_id = path.parent, path.name
+    root = state_dir(results, run_id)
+    try:
+        submission, jobs = load_state(root)
+        jobs = refresh(jobs)
+    except SlurmError as exc:
+        raise ConfigError(f"cannot resume {path} on Slurm: {exc}") from None
+    config = load_config(submission.config)
+    cells = {c.id: c for c in expand(config)}
+    options = SlurmOptions(**submission.options)
+    # What is given again overrides what the run was submitted with (a longer time limit, say).
+    for name in ("partition", "account", "time_limit", "gpus_per_job"):
+        if getattr(args, name) is not None:
+            setattr(options, name, getattr(args, name))
+    if args.sbatch_arg:
+        options.extra = list(args.sbatch_arg)
+    latest = {j.cell_id: j for j in jobs}  # the last attempt of each cell
+    todo = []
+    for i, cell_id in enumerate(submission.cells):
+        job = latest.get(cell_id)
+        if job is None or (job.done and job.state != "COMPLETED"):
+            attempt = job.attempt + 1 if job else 1
+            index = int(Path(job.slice_dir).name) if job else i
+            todo.append((cells[cell_id], index, attempt))
+    _slurm_status(f"resuming {run_id}: {len(todo)} cell(s) to submit again, "
+                  f"{sum(not j.done for j in latest.values())} job(s) still queued or running")
+    return _submit_and_follow(config, Path(submission.config), todo, list(latest.values()), root, run_id, results,
+                              options)
+
+
+def _submit_and_follow(config: Config, matrix: Path, todo: list, jobs: list[SlurmJob], root: Path, run_id: str,
+                       results: Path, options: SlurmOptions) -> int:
     stop = StopToken()
     _interrupt_on_sigterm()
-    jobs: list[SlurmJob] = []
+    kept = [j for j in jobs if j.cell_id not in {c.id for c, _, _ in todo}]
+    jobs = list(kept)
     try:
-        for i, cell in enumerate(cells):
+        for cell, index, attempt in todo:
             gpu = config.profile(cell.platform).device_kind == "gpu"
-            jobs.append(submit(cell, Path(args.config).resolve(), run_id, root, i, options, gpu))
-            err.print(f"submitted job {jobs[-1].job_id}: {cell.id}", highlight=False)
-        jobs = follow(jobs, stop, lambda s: err.print(s, highlight=False, markup=False))
+            jobs.append(submit(cell, matrix, run_id, root, index, options, gpu, attempt))
+            save_state(root, jobs)
+            _slurm_status(f"submitted job {jobs[-1].job_id}: {cell.id}" + (f" (attempt {attempt})" if attempt > 1 else ""))
+        jobs = follow(jobs, stop, _slurm_status, lambda js: save_state(root, js))
     except KeyboardInterrupt:
         stop.stop("interrupted")
-        jobs = follow(jobs, stop, lambda s: err.print(s, highlight=False, markup=False))
+        jobs = follow(jobs, stop, _slurm_status, lambda js: save_state(root, js))
     except SlurmError as exc:
         stop.stop(str(exc))
-        follow(jobs, stop, lambda s: err.print(s, highlight=False, markup=False))
+        follow(jobs, stop, _slurm_status, lambda js: save_state(root, js))
         raise ConfigError(str(exc)) from None
     for j in jobs:
         if j.state != "COMPLETED":
-            err.print(f"job {j.job_id} {j.cell_id}: {j.state}" + (f" ({j.reason})" if j.reason else "")
-                      + (f" on {j.node}" if j.node else ""), highlight=False, markup=False)
-    merged = collect(jobs, run_id, results)
-    if merged is None:
-        err.print("no job wrote any results", highlight=False)
-        return EXIT_INTERRUPTED if stop.stopped else EXIT_FAIL
+            _slurm_status(f"job {j.job_id} {j.cell_id}: {j.state}" + (f" ({j.reason})" if j.reason else "")
+                          + (f" on {j.node}" if j.node else ""))
+    merged = collect(jobs, run_id, results, config)
     summary = regenerate(merged.path)
     out.print(table(summary))
     out.print(f"results: {merged.path}", highlight=False)
     if stop.stopped:
         return EXIT_INTERRUPTED
-    return summary.exit_code if all(j.state == "COMPLETED" for j in jobs) else EXIT_FAIL
+    if not all(j.state == "COMPLETED" for j in jobs):
+        _slurm_status(f"not every job completed: `regbench run --resume {merged.path} --executor slurm` "
+                      "submits their cells again")
+        return EXIT_FAIL
+    return summary.exit_code
 
 
 def _comparator(args: argparse.Namespace, config_of: Path) -> Comparator | None:

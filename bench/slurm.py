@@ -22,9 +22,11 @@ before is kept.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -34,41 +36,23 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from bench.core.config import Config
 from bench.core.matrix import Cell
+from bench.core.records import JOB_DONE_STATES, JobRecord
 from bench.core.stop import StopToken
 from bench.store.merge import merge
-from bench.store.results import ResultsDir, ResultsError
+from bench.store.results import ResultsDir
 
 POLL_S = 2.0
 CANCEL_WAIT_S = 120.0
-# Job states that are over (scontrol's JobState), and what they mean for the cell.
-DONE_STATES = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-               "BOOT_FAIL", "DEADLINE"}
+DONE_STATES = JOB_DONE_STATES
 
 
 class SlurmError(RuntimeError):
     """Slurm's commands are missing or refused the run: no job of it is left queued."""
 
 
-class SlurmJob(BaseModel):
-    """One cell's job, as Slurm last reported it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    cell_id: str
-    job_id: str
-    slice_dir: str
-    state: str = "PENDING"
-    node: str | None = None
-    exit_code: str | None = None  # "0:0": the batch script's exit code and the signal that ended it
-    reason: str | None = None  # Slurm's reason, for a job that did not complete
-    cuda_visible_devices: str | None = None  # as the job saw it (its output's first line)
-    submitted_at: float
-    ended_at: float | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.state in DONE_STATES
+SlurmJob = JobRecord  # the record is typed in bench.core.records: reports read it too
 
 
 @dataclass
@@ -95,11 +79,14 @@ def job_script(cell: Cell, config_path: Path, run_id: str, slice_dir: Path, pyth
     """The batch script of one cell: prints where it ran, then the one-slice run. A cell that
     failed (the bench's exit 1) is a job that did its work: the job fails only when the bench
     could not run (2), write (3) or was stopped (130)."""
-    argv = [python, "-m", "bench", "run", str(config_path), "--cell", cell.id, "--run-id", run_id,
-            "--results", str(slice_dir), "--devices", "none"]
+    fresh = [python, "-m", "bench", "run", str(config_path), "--cell", cell.id, "--run-id", run_id,
+             "--results", str(slice_dir), "--devices", "none"]
+    # A job run again (resubmitted, or requeued by Slurm) continues its slice: finished repeats stay.
+    again = [python, "-m", "bench", "run", "--resume", str(slice_dir / run_id), "--cell", cell.id, "--devices", "none"]
     return ("#!/bin/bash\n"
             'echo "regbench-job node=${SLURMD_NODENAME:-} cuda_visible_devices=${CUDA_VISIBLE_DEVICES:-}"\n'
-            f"{shlex.join(argv)}\n"
+            f"if [ -f {shlex.quote(str(slice_dir / run_id / 'config.yaml'))} ]; then\n"
+            f"  {shlex.join(again)}\nelse\n  {shlex.join(fresh)}\nfi\n"
             'rc=$?\necho "regbench-exit $rc"\n[ "$rc" -le 1 ] && exit 0\nexit "$rc"\n')
 
 
@@ -119,7 +106,7 @@ def sbatch_args(cell: Cell, run_id: str, slice_dir: Path, options: SlurmOptions,
 
 
 def submit(cell: Cell, config_path: Path, run_id: str, root: Path, index: int, options: SlurmOptions,
-           gpu_platform: bool) -> SlurmJob:
+           gpu_platform: bool, attempt: int = 1) -> SlurmJob:
     slice_dir = root / "slices" / f"{index:03d}"
     slice_dir.mkdir(parents=True, exist_ok=True)
     argv = sbatch_args(cell, run_id, slice_dir, options, gpu_platform)
@@ -131,7 +118,7 @@ def submit(cell: Cell, config_path: Path, run_id: str, root: Path, index: int, o
     job_id = done.stdout.strip().split(";")[0]
     if done.returncode != 0 or not job_id.isdigit():
         raise SlurmError(f"sbatch refused {cell.id}: {(done.stderr or done.stdout).strip()}")
-    return SlurmJob(cell_id=cell.id, job_id=job_id, slice_dir=str(slice_dir), submitted_at=time.time())
+    return SlurmJob(cell_id=cell.id, job_id=job_id, slice_dir=str(slice_dir), submitted_at=time.time(), attempt=attempt)
 
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
@@ -191,15 +178,18 @@ def cancel(jobs: Sequence[SlurmJob]) -> None:
         time.sleep(0.5)
 
 
-def follow(jobs: list[SlurmJob], stop: StopToken, status: Callable[[str], None]) -> list[SlurmJob]:
+def follow(jobs: list[SlurmJob], stop: StopToken, status: Callable[[str], None],
+           save: Callable[[list[SlurmJob]], None] = lambda jobs: None) -> list[SlurmJob]:
     """Until every job is over, or `stop` is set (then every job still queued or running is
-    cancelled, and waited for)."""
+    cancelled, and waited for). `save` gets the jobs after every look: a killed bench's jobs can
+    be found again by `--resume`."""
     seen = {j.job_id: (j.state, j.node) for j in jobs}
     try:
         while not all(j.done for j in jobs):
             if stop.wait(POLL_S):
                 break
             jobs = refresh(jobs)
+            save(jobs)
             for j in jobs:
                 if seen.get(j.job_id) != (j.state, j.node):
                     seen[j.job_id] = (j.state, j.node)
@@ -213,19 +203,60 @@ def follow(jobs: list[SlurmJob], stop: StopToken, status: Callable[[str], None])
         cancel(jobs)
         jobs = [j if j.done else j.model_copy(update={"state": "CANCELLED", "reason": stop.reason,
                                                       "ended_at": time.time()}) for j in jobs]
-    return refresh(jobs)
+    jobs = refresh(jobs)
+    save(jobs)
+    return jobs
 
 
-def collect(jobs: list[SlurmJob], run_id: str, out: Path) -> ResultsDir | None:
-    """Merges the slices that wrote anything into out/RUN and records every job there."""
+def collect(jobs: list[SlurmJob], run_id: str, out: Path, config: Config) -> ResultsDir:
+    """Merges the slices that wrote anything into out/RUN and records every job there. With no
+    slice at all (every job ended before its bench started) the folder holds the matrix and the
+    jobs alone: every cell is then "not run", and the jobs say why."""
     slices = [Path(j.slice_dir) / run_id for j in jobs if (Path(j.slice_dir) / run_id / "config.yaml").is_file()]
-    if not slices:
-        return None
-    try:
-        merged = merge(slices, out)
-    except ResultsError:
-        raise
+    target = out / run_id
+    if (target / "slurm.jsonl").is_file():
+        shutil.rmtree(target)  # the merge of an earlier attempt: derived from the slices, made again
+    merged = merge(slices, out) if slices else ResultsDir.create(out, run_id, config)
     with (merged.path / "slurm.jsonl").open("w", encoding="utf-8") as f:
         for j in jobs:
             f.write(j.model_dump_json() + "\n")
     return merged
+
+
+# --- the run's own state, beside its slices: what --resume reads -----------------------------------
+
+
+class Submission(BaseModel):
+    """What a Slurm run was asked to do: enough to resubmit its unfinished cells."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: str  # the matrix file, absolute: the jobs read it from the shared filesystem
+    run_id: str
+    results: str
+    options: dict
+    cells: list[str]
+
+
+def state_dir(results: Path, run_id: str) -> Path:
+    return results / f".slurm-{run_id}"
+
+
+def save_state(root: Path, jobs: Sequence[SlurmJob]) -> None:
+    tmp = root / ".jobs.jsonl.tmp"
+    tmp.write_text("".join(j.model_dump_json() + "\n" for j in jobs), encoding="utf-8")
+    os.replace(tmp, root / "jobs.jsonl")
+
+
+def load_state(root: Path) -> tuple[Submission, list[SlurmJob]]:
+    try:
+        submission = Submission.model_validate_json((root / "submission.json").read_text())
+        jobs = [SlurmJob.model_validate_json(x) for x in (root / "jobs.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError) as exc:
+        raise SlurmError(f"{root}: not the state of a Slurm run ({exc})") from None
+    return submission, jobs
+
+
+def save_submission(root: Path, submission: Submission) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "submission.json").write_text(json.dumps(submission.model_dump(), indent=1), encoding="utf-8")

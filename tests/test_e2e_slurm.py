@@ -22,7 +22,7 @@ import pytest
 from bench.core.records import RunRecord, Summary
 from bench.slurm import SlurmJob
 
-from .support import ROOT, SMOKE, wait_until
+from .support import ROOT, SMOKE, one_cell_config, wait_until
 
 pytestmark = pytest.mark.slow
 STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
@@ -82,3 +82,74 @@ def test_ctrl_c_on_the_bench_cancels_its_jobs_and_keeps_what_they_wrote(slurm, t
     assert p.returncode == 130, output
     assert squeue(slurm, "slurm-stop") == [], "jobs left queued or running"
     assert "cancelling" in output and "CANCELLED" in output
+
+
+def one_cell(tmp_path: Path) -> Path:
+    return one_cell_config(tmp_path, repeats=2)
+
+
+def jobs_of(run_dir: Path) -> list[SlurmJob]:
+    return [SlurmJob.model_validate_json(x) for x in (run_dir / "slurm.jsonl").read_text().splitlines()]
+
+
+def test_a_job_over_its_time_limit_shows_as_such_and_resume_completes_its_cell(slurm, tmp_path):
+    # Two fresh servers take over a minute: a one-minute limit ends the job part way.
+    p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--time-limit", "1", "--results",
+              str(tmp_path / "r"), "--run-id", "limit", env=slurm)
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 1, output
+    run_dir = tmp_path / "r" / "limit"
+    [job] = jobs_of(run_dir)
+    assert job.state == "TIMEOUT" and job.attempt == 1, job
+    assert "**TIMEOUT**" in (run_dir / "summary.md").read_text()
+    assert "--resume" in output and squeue(slurm, "limit") == []
+    before = [r for r in map(RunRecord.model_validate_json, (run_dir / "runs.jsonl").read_text().splitlines())
+              if not r.interrupted]
+    p = bench("run", "--resume", str(run_dir), "--executor", "slurm", "--time-limit", "10", env=slurm)
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, output
+    [job] = jobs_of(run_dir)
+    assert (job.state, job.attempt) == ("COMPLETED", 2)
+    runs = [RunRecord.model_validate_json(x) for x in (run_dir / "runs.jsonl").read_text().splitlines()]
+    done = [r for r in runs if not r.interrupted]
+    assert sorted(r.repeat for r in done) == [1, 2]
+    # A repeat that finished before the limit was kept, not run again.
+    assert {(r.repeat, r.server.started_at) for r in before} <= {(r.repeat, r.server.started_at) for r in done}
+    cells = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    assert [(c.verdict, c.runs) for c in cells] == [("pass", 2)]
+
+
+def test_a_node_set_down_mid_run_shows_as_such_and_resume_completes_its_cell(slurm, tmp_path):
+    p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--sbatch-arg=--no-requeue", "--results",
+              str(tmp_path / "r"), "--run-id", "down", env=slurm)
+    running: list[str] = []
+
+    def on_a_node() -> bool:
+        running[:] = [line for line in squeue(slurm, "down") if " RUNNING " in f" {line} "]
+        return bool(running)
+
+    wait_until(on_a_node, 120, "the job running")
+    node = running[0].split()[2]
+    # Mid-run: once the bench in the job has started its slice.
+    wait_until(lambda: any((tmp_path / "r" / ".slurm-down" / "slices").glob("*/down/preflight.jsonl")), 120,
+               "the job's bench started")
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=regbench-test"], env=slurm,
+                   check=True)
+    try:
+        output, _ = p.communicate(timeout=600)
+    finally:
+        # Back in service (ReturnToService=2 may have done it already, once its slurmd answered).
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=slurm)
+    assert p.returncode == 1, output
+    run_dir = tmp_path / "r" / "down"
+    [job] = jobs_of(run_dir)
+    assert job.state == "NODE_FAIL" and job.node == node, job
+    assert "**NODE_FAIL**" in (run_dir / "summary.md").read_text()
+    assert squeue(slurm, "down") == []
+    p = bench("run", "--resume", str(run_dir), "--executor", "slurm", env=slurm)
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, output
+    [job] = jobs_of(run_dir)
+    assert (job.state, job.attempt) == ("COMPLETED", 2)
+    cells = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    assert [(c.verdict, c.runs) for c in cells] == [("pass", 2)]

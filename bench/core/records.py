@@ -157,6 +157,32 @@ class RunRecord(Record):
         return bool(self.findings)
 
 
+# Slurm job states that are over (scontrol's JobState).
+JOB_DONE_STATES = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
+                             "PREEMPTED", "BOOT_FAIL", "DEADLINE", "UNKNOWN"})
+
+
+class JobRecord(Record):
+    """One cell's job under a cluster executor (bench.slurm), as the scheduler last reported it;
+    slurm.jsonl in the merged results folder."""
+
+    cell_id: str
+    job_id: str
+    slice_dir: str
+    state: str = "PENDING"  # Slurm's JobState; UNKNOWN: the scheduler forgot it before it was seen over
+    node: str | None = None
+    exit_code: str | None = None  # "0:0": the batch script's exit code and the signal that ended it
+    reason: str | None = None  # Slurm's reason, for a job that did not complete
+    cuda_visible_devices: str | None = None  # as the job saw it (its output's first line)
+    submitted_at: float
+    ended_at: float | None = None
+    attempt: int = 1  # 2, 3, ...: resubmitted by `regbench run --resume`
+
+    @property
+    def done(self) -> bool:
+        return self.state in JOB_DONE_STATES
+
+
 class Fingerprint(Record):
     """Versions inside the environment that served a cell, and the host it ran on."""
 

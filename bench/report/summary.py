@@ -15,6 +15,7 @@ from bench.core.matrix import Cell
 from bench.core.records import (
     CellSummary,
     Fingerprint,
+    JobRecord,
     LogExcerpt,
     PreflightRecord,
     RequestRecord,
@@ -163,7 +164,23 @@ def diagnosis_markdown(diagnosis: Diagnosis) -> list[str]:
     return lines
 
 
-def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagnosis | None = None) -> str:
+def jobs_markdown(jobs: Sequence[JobRecord]) -> list[str]:
+    """The cluster jobs behind the run; a job that did not complete says why its cell has fewer runs."""
+    if not jobs:
+        return []
+    lines = ["", "## Slurm jobs", "",
+             "One job per cell; a cell whose job did not complete has the runs it made before.", "",
+             "| cell | job | attempt | node | state | reason | exit | CUDA_VISIBLE_DEVICES |",
+             "|---|---|---|---|---|---|---|---|"]
+    for j in jobs:
+        state = j.state if j.state == "COMPLETED" else f"**{j.state}**"
+        lines.append(f"| `{j.cell_id}` | {j.job_id} | {j.attempt} | {j.node or '-'} | {state} | {j.reason or '-'} | "
+                     f"{j.exit_code or '-'} | {j.cuda_visible_devices or '-'} |")
+    return lines
+
+
+def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagnosis | None = None,
+             jobs: Sequence[JobRecord] = ()) -> str:
     verdict = {0: "all cells pass", 1: "FAILURES", 130: "INTERRUPTED"}.get(summary.exit_code, "")
     lines = [
         f"# regbench {summary.config_name}: {verdict}",
@@ -208,6 +225,7 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
                 f"{f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
                 + (f" probe error: {f.error}" if f.error else "")
             )
+    lines += jobs_markdown(jobs)
     lines += perf_markdown(summary.cells)
     if diagnosis is not None:
         lines += diagnosis_markdown(diagnosis)
@@ -222,12 +240,13 @@ def render_all(
     fingerprints: list[Fingerprint],
     excerpts: list[LogExcerpt],
     diagnosis: Diagnosis | None = None,
+    jobs: Sequence[JobRecord] = (),
 ) -> dict[str, str]:
     """Every derived file of a results folder, by file name: one place for the runner and
     `regbench report` both."""
     files = {
         "summary.json": summary.model_dump_json(indent=2) + "\n",
-        "summary.md": markdown(summary, fingerprints, diagnosis),
+        "summary.md": markdown(summary, fingerprints, diagnosis, jobs),
         "junit.xml": junit_xml(summary, runs),
         "report.html": html_report(summary, runs, requests, fingerprints, excerpts, diagnosis),
     }

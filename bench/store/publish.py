@@ -126,7 +126,8 @@ def write_reports(
     requests = results.requests() if requests is None else requests
     fingerprints = results.fingerprints() if fingerprints is None else fingerprints
     diagnosis = diagnose_results(results.path, results.config(), summary, runs, requests, fingerprints)
-    files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs), diagnosis)
+    files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs), diagnosis,
+                       results.jobs())
     written = {}
     for name, text in files.items():
         # The records and logs are redacted already; this covers what a report adds of its own.

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel
 
 from bench.core.config import Config
-from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
+from bench.core.records import Fingerprint, JobRecord, PreflightRecord, RequestRecord, RunRecord, Summary
 from bench.core.redact import Redactor, redactor_for
 
 T = TypeVar("T", bound=BaseModel)
@@ -112,6 +112,10 @@ class ResultsDir:
 
     def fingerprints(self) -> list[Fingerprint]:
         return self._read("fingerprint.jsonl", Fingerprint)
+
+    def jobs(self) -> list[JobRecord]:
+        """The cluster jobs that made this folder (slurm.jsonl), if an executor wrote them."""
+        return self._read("slurm.jsonl", JobRecord) if (self.path / "slurm.jsonl").is_file() else []
 
     def previous_summary(self) -> Summary | None:
         """summary.json as last written, or None if there is none yet."""
