@@ -76,7 +76,11 @@ def test_every_run_records_boot_phases_load_counters_and_memory(runs):
             assert p.metrics.requests == 4
             assert p.peak_rss_bytes is not None and p.peak_rss_bytes > 500 * 2**20  # a vLLM server, all processes
             assert "resident" in (p.memory_source or "")
-        assert all(q.ttft_s is not None and q.ttft_s > 0 and len(q.itl_s or []) == 127 for q in reqs)
+        for q in reqs:
+            # A gap per streamed chunk after the first: vLLM streams a token a chunk, now and then
+            # two (seen on a cold first run: 126 gaps for 128 tokens).
+            assert q.ttft_s is not None and q.ttft_s > 0 and 64 <= len(q.itl_s or []) <= 127, q
+            assert q.ttft_s + sum(q.itl_s or []) <= q.latency_s
         summary = Summary.model_validate_json((folder / "summary.json").read_text())
         assert {"boot_s", "ttft_s", "itl_s", "throughput_tok_s", "peak_rss_bytes"} <= set(summary.cells[0].perf)
         assert "## Performance" in (folder / "summary.md").read_text()

@@ -45,7 +45,8 @@ class RequestRecord(Record):
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
     error: str | None = None
-    # Streamed answers: seconds from sending to the first token, and between later tokens.
+    # Streamed answers: seconds from sending to the first token, and between the later chunks that
+    # carried tokens (vLLM streams one token a chunk, now and then two).
     ttft_s: float | None = None
     itl_s: list[float] | None = None
 

@@ -118,8 +118,9 @@ class _Result:
             self.finish_reason = choice.finish_reason
 
     def timings(self) -> dict[str, Any]:
-        """Time to first token and the gaps between token-carrying chunks (one token each, as vLLM
-        streams them), for streamed answers; a whole answer has neither."""
+        """Time to first token and the gaps between token-carrying chunks (vLLM streams one token a
+        chunk, now and then two: a gap per chunk, as vLLM's own benchmark counts inter-token
+        latency), for streamed answers; a whole answer has neither."""
         if not self.token_times:
             return {}
         times = self.token_times
