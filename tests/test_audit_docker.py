@@ -74,8 +74,7 @@ def test_the_image_audit_finds_what_the_local_audit_of_the_same_streamer_finds(v
     assert [[getattr(r, f) for f in RUN_FIELDS] for r in boxed.runs] == \
            [[getattr(r, f) for f in RUN_FIELDS] for r in local.runs]
     assert (boxed.baseline_tensors, boxed.lost) == (21, 42 if version == "0.16.0" else 0)
-    assert boxed_s < 60, f"the container audit took {boxed_s:.1f} s"
-    assert audit_containers(engine) == []
+    assert audit_containers(engine, "audit") == []  # the CLI's; a docker run beside this one has its own
 
 
 def deliveries(probe) -> tuple[str, dict[tuple[str, str], list[tuple[str, str]]]]:
@@ -194,7 +193,7 @@ def test_a_missing_image_is_a_usage_error(engine, capsys):
     assert main(["audit", str(CANARY), "--image", ref("0.17.0"), "--python", "no-such-python"]) == 2
     err = capsys.readouterr().err
     assert "cannot run no-such-python in a container of" in err and "Traceback" not in err
-    assert audit_containers(engine) == []
+    assert audit_containers(engine, "audit") == []  # the CLI's; a docker run beside this one has its own
 
 
 # --- without an engine ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from bench.serve.launch import (
     vllm_env,
 )
 
-from .support import ROOT
+from .support import ROOT, wait_until
 
 FAKE = str(Path(__file__).parent / "fakeproc.py")
 
@@ -215,8 +215,9 @@ def test_leftovers_are_found_by_their_own_results_folder(tmp_path):
         procs[side] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
                                        start_new_session=True)  # reaping kills the whole group
     try:
+        # Until each has exec'd: a process just forked still shows its parent's environment.
+        wait_until(lambda: {procs["a"].pid, procs["b"].pid} <= set(labelled_processes("r")), 30, "both labelled")
         assert labelled_processes(run_dir=tmp_path / "a" / "r") == [procs["a"].pid]
-        assert {procs["a"].pid, procs["b"].pid} <= set(labelled_processes("r"))
         assert reap_local(run_dir=tmp_path / "b" / "r") == [procs["b"].pid]
         procs["b"].wait(10)
         assert procs["a"].poll() is None
