@@ -212,7 +212,9 @@ def collect(jobs: list[SlurmJob], run_id: str, out: Path, config: Config) -> Res
     """Merges the slices that wrote anything into out/RUN and records every job there. With no
     slice at all (every job ended before its bench started) the folder holds the matrix and the
     jobs alone: every cell is then "not run", and the jobs say why."""
-    slices = [Path(j.slice_dir) / run_id for j in jobs if (Path(j.slice_dir) / run_id / "config.yaml").is_file()]
+    # A resubmitted cell's attempts share one slice (each continues it): merge it once.
+    slices = list(dict.fromkeys(Path(j.slice_dir) / run_id for j in jobs
+                                if (Path(j.slice_dir) / run_id / "config.yaml").is_file()))
     target = out / run_id
     if (target / "slurm.jsonl").is_file():
         shutil.rmtree(target)  # the merge of an earlier attempt: derived from the slices, made again

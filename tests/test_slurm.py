@@ -51,3 +51,18 @@ def test_a_job_is_done_once_slurm_says_it_is_over():
     job = SlurmJob(cell_id="c", job_id="1", slice_dir="/x", submitted_at=0.0)
     assert not job.done
     assert all(job.model_copy(update={"state": s}).done for s in ("COMPLETED", "TIMEOUT", "NODE_FAIL", "CANCELLED"))
+
+
+def test_a_resubmitted_cells_attempts_share_one_slice_and_it_is_merged_once(tmp_path):
+    from bench.slurm import collect
+
+    from . import synth
+
+    # Attempt 1 hit its time limit after one repeat; attempt 2 continued the same slice.
+    results = synth.healthy(tmp_path / "slices" / "000", "r1", repeats=2)
+    first = SlurmJob(cell_id="m__safetensors__cpu__img", job_id="1", slice_dir=str(tmp_path / "slices" / "000"),
+                     submitted_at=0.0, state="TIMEOUT")
+    second = first.model_copy(update={"job_id": "2", "attempt": 2, "state": "COMPLETED"})
+    merged = collect([first, second], "r1", tmp_path / "out", results.config())
+    assert [j.job_id for j in merged.jobs()] == ["1", "2"]
+    assert len(merged.runs()) == len(results.runs()) == 4
