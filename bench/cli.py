@@ -6,6 +6,7 @@ SIGTERM; servers are stopped first)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -57,7 +58,7 @@ from bench.slurm import (
 )
 from bench.store.merge import merge
 from bench.store.publish import load_side, open_results, rederive, regenerate
-from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id
+from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id, writer_lock
 from bench.versions import (
     AuditProbe,
     CellProbe,
@@ -193,8 +194,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _resume_on_slurm(args)
     if (args.config is None) == (args.resume is None):
         raise ConfigError("give a matrix file to start a run, or --resume DIR to continue one (not both)")
+    with contextlib.ExitStack() as held:
+        return _run_here(args, held)
+
+
+def _hold_folder(held: contextlib.ExitStack, path: Path, wait_s: float) -> None:
+    try:
+        held.enter_context(writer_lock(path, wait_s))
+    except ResultsError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     done: frozenset[tuple[str, int]] = frozenset()
     if args.resume is not None:
+        _hold_folder(held, Path(args.resume), args.wait_for_folder)
         results, done = _resume(args.resume)
         config, run_id = results.config(), results.path.name
         results.redactor = redactor_for(config.server.env_passthrough)
@@ -217,6 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"results directory {Path(args.results) / run_id} exists already") from None
         except OSError as exc:
             raise ConfigError(f"cannot create the results directory: {exc}") from None
+        _hold_folder(held, results.path, 0.0)
     try:
         launcher = open_launcher(config, run_id)
     except LauncherUnavailable as exc:
@@ -592,6 +607,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable)")
     run.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
     run.add_argument("--shard", metavar="I/N", help="run the I-th of N round-robin slices of the cells")
+    run.add_argument("--wait-for-folder", type=float, default=0.0, metavar="SECONDS",
+                     help="with --resume: wait this long for another regbench still writing the folder to end "
+                          "(default: fail at once); the Slurm executor's resubmitted jobs wait for the last attempt's")
     run.add_argument("--devices", metavar="LIST",
                      help="devices this run may take, e.g. 0,1 or 4-7 or none: cells run side by side, each "
                           "on its own (default: the platform profile's `devices`)")

@@ -45,6 +45,7 @@ from bench.store.results import ResultsDir
 
 POLL_S = 2.0
 CANCEL_WAIT_S = 120.0
+FOLDER_WAIT_S = 900  # a time-limited job's bench has KillWait (30 s by default) to stop; room for more
 DONE_STATES = JOB_DONE_STATES
 
 
@@ -82,7 +83,9 @@ def job_script(cell: Cell, config_path: Path, run_id: str, slice_dir: Path, pyth
     fresh = [python, "-m", "bench", "run", str(config_path), "--cell", cell.id, "--run-id", run_id,
              "--results", str(slice_dir), "--devices", "none"]
     # A job run again (resubmitted, or requeued by Slurm) continues its slice: finished repeats stay.
-    again = [python, "-m", "bench", "run", "--resume", str(slice_dir / run_id), "--cell", cell.id, "--devices", "none"]
+    # Slurm reports the last attempt ended while its bench may still be stopping: wait for it.
+    again = [python, "-m", "bench", "run", "--resume", str(slice_dir / run_id), "--cell", cell.id, "--devices", "none",
+             "--wait-for-folder", str(FOLDER_WAIT_S)]
     return ("#!/bin/bash\n"
             'echo "regbench-job node=${SLURMD_NODENAME:-} cuda_visible_devices=${CUDA_VISIBLE_DEVICES:-}"\n'
             f"if [ -f {shlex.quote(str(slice_dir / run_id / 'config.yaml'))} ]; then\n"

@@ -16,9 +16,12 @@ most the line it was writing.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -43,6 +46,48 @@ class ResultsError(Exception):
 
 class ResultsWriteError(ResultsError):
     """A record could not be written (disk full, folder gone or read-only): the run cannot go on."""
+
+
+class FolderBusy(ResultsError):
+    """Another bench is writing the folder."""
+
+
+LOCK_NAME = ".writer.lock"
+
+
+@contextmanager
+def writer_lock(path: Path, wait_s: float = 0.0) -> Iterator[None]:
+    """One bench writes a results folder at a time: two would append the same repeats twice.
+
+    An flock on a file in the folder, held while the bench runs. The kernel drops it however the
+    holder ends, SIGKILL included, and Linux NFS clients carry it across nodes. That is what a
+    resubmitted Slurm job needs: Slurm reports a job over its time limit as ended while its bench
+    is still stopping its server and writing (measured: 6 s after the state read TIMEOUT), and
+    the next attempt, on another node, must not rewrite the folder under it."""
+    lock = path / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot open {LOCK_NAME}: {exc.strerror}") from None
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                    raise ResultsError(f"{path}: cannot lock {LOCK_NAME}: {exc.strerror}") from None
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                    raise FolderBusy(f"{path} is being written by another regbench ({holder}); "
+                                     "wait for it to end, or stop it") from None
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class ResultsDir:
