@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import re
 import signal
@@ -17,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bench import slurm
 from bench.core.compare import AXES, compare, format_comparison
 from bench.core.config import ENV_NAME, Config, ConfigError, load_config, with_devices, with_image_refs
 from bench.core.diagnosis import Diagnosis
@@ -42,20 +42,7 @@ from bench.report.versions import table as versions_table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import LauncherUnavailable, backend, open_launcher, remove_leftovers
 from bench.serve.platforms import host_facts, select
-from bench.slurm import (
-    SlurmError,
-    SlurmJob,
-    SlurmOptions,
-    Submission,
-    collect,
-    follow,
-    load_state,
-    refresh,
-    save_state,
-    save_submission,
-    state_dir,
-    submit,
-)
+from bench.slurm import SlurmError, SlurmOptions, SlurmRun
 from bench.store.merge import merge
 from bench.store.publish import load_side, open_results, rederive, regenerate
 from bench.store.results import ResultsDir, ResultsError, ResultsWriteError, new_run_id, writer_lock
@@ -255,90 +242,38 @@ def _slurm_status(text: str) -> None:
     err.print(text, highlight=False, markup=False)
 
 
+def _slurm_options(args: argparse.Namespace) -> SlurmOptions:
+    return SlurmOptions(partition=args.partition, account=args.account, time_limit=args.time_limit,
+                        gpus_per_job=args.gpus_per_job, extra=list(args.sbatch_arg or []))
+
+
+def _slurm_finished(run: SlurmRun) -> int:
+    out.print(table(run.summary))
+    out.print(f"results: {run.results.path}", highlight=False)
+    if run.stopped:
+        return EXIT_INTERRUPTED
+    if run.incomplete:
+        _slurm_status(f"not every job completed: `regbench run --resume {run.results.path} --executor slurm` "
+                      "submits their cells again")
+        return EXIT_FAIL
+    return run.summary.exit_code
+
+
 def _run_on_slurm(args: argparse.Namespace, config: Config, cells: list, run_id: str) -> int:
-    """`regbench run CONFIG --executor slurm`: one job per cell, followed, merged into one folder."""
-    results = Path(args.results).resolve()
-    if (results / run_id).exists() or state_dir(results, run_id).exists():
-        raise ConfigError(f"results directory {results / run_id} exists already")
-    root = state_dir(results, run_id)
-    options = SlurmOptions(partition=args.partition, account=args.account, time_limit=args.time_limit,
-                           gpus_per_job=args.gpus_per_job, extra=list(args.sbatch_arg or []))
-    save_submission(root, Submission(config=str(Path(args.config).resolve()), run_id=run_id, results=str(results),
-                                     options=dataclasses.asdict(options), cells=[c.id for c in cells]))
-    todo = [(c, i, 1) for i, c in enumerate(cells)]
-    return _submit_and_follow(config, Path(args.config).resolve(), todo, [], root, run_id, results, options)
+    _interrupt_on_sigterm()
+    try:
+        return _slurm_finished(slurm.start(config, Path(args.config), cells, run_id, Path(args.results),
+                                           _slurm_options(args), _slurm_status))
+    except SlurmError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _resume_on_slurm(args: argparse.Namespace) -> int:
-    """`regbench run --resume RESULTS/RUN --executor slurm`: jobs still queued or running are
-    followed, cells whose job did not complete are submitted again into their slice (whose
-    finished repeats stay), the rest is kept; then everything is merged again."""
-    path = Path(args.resume).resolve()
-    results, run_id = path.parent, path.name
-    root = state_dir(results, run_id)
-    try:
-        submission, jobs = load_state(root)
-        jobs = refresh(jobs)
-    except SlurmError as exc:
-        raise ConfigError(f"cannot resume {path} on Slurm: {exc}") from None
-    config = load_config(submission.config)
-    cells = {c.id: c for c in expand(config)}
-    options = SlurmOptions(**submission.options)
-    # What is given again overrides what the run was submitted with (a longer time limit, say).
-    for name in ("partition", "account", "time_limit", "gpus_per_job"):
-        if getattr(args, name) is not None:
-            setattr(options, name, getattr(args, name))
-    if args.sbatch_arg:
-        options.extra = list(args.sbatch_arg)
-    latest = {j.cell_id: j for j in jobs}  # the last attempt of each cell
-    todo = []
-    for i, cell_id in enumerate(submission.cells):
-        job = latest.get(cell_id)
-        if job is None or (job.done and job.state != "COMPLETED"):
-            attempt = job.attempt + 1 if job else 1
-            index = int(Path(job.slice_dir).name) if job else i
-            todo.append((cells[cell_id], index, attempt))
-    _slurm_status(f"resuming {run_id}: {len(todo)} cell(s) to submit again, "
-                  f"{sum(not j.done for j in latest.values())} job(s) still queued or running")
-    return _submit_and_follow(config, Path(submission.config), todo, list(latest.values()), root, run_id, results,
-                              options)
-
-
-def _submit_and_follow(config: Config, matrix: Path, todo: list, jobs: list[SlurmJob], root: Path, run_id: str,
-                       results: Path, options: SlurmOptions) -> int:
-    stop = StopToken()
     _interrupt_on_sigterm()
-    kept = [j for j in jobs if j.cell_id not in {c.id for c, _, _ in todo}]
-    jobs = list(kept)
     try:
-        for cell, index, attempt in todo:
-            gpu = config.profile(cell.platform).device_kind == "gpu"
-            jobs.append(submit(cell, matrix, run_id, root, index, options, gpu, attempt))
-            save_state(root, jobs)
-            _slurm_status(f"submitted job {jobs[-1].job_id}: {cell.id}" + (f" (attempt {attempt})" if attempt > 1 else ""))
-        jobs = follow(jobs, stop, _slurm_status, lambda js: save_state(root, js))
-    except KeyboardInterrupt:
-        stop.stop("interrupted")
-        jobs = follow(jobs, stop, _slurm_status, lambda js: save_state(root, js))
+        return _slurm_finished(slurm.resume(Path(args.resume), _slurm_options(args), _slurm_status))
     except SlurmError as exc:
-        stop.stop(str(exc))
-        follow(jobs, stop, _slurm_status, lambda js: save_state(root, js))
         raise ConfigError(str(exc)) from None
-    for j in jobs:
-        if j.state != "COMPLETED":
-            _slurm_status(f"job {j.job_id} {j.cell_id}: {j.state}" + (f" ({j.reason})" if j.reason else "")
-                          + (f" on {j.node}" if j.node else ""))
-    merged = collect(jobs, run_id, results, config)
-    summary = regenerate(merged.path)
-    out.print(table(summary))
-    out.print(f"results: {merged.path}", highlight=False)
-    if stop.stopped:
-        return EXIT_INTERRUPTED
-    if not all(j.state == "COMPLETED" for j in jobs):
-        _slurm_status(f"not every job completed: `regbench run --resume {merged.path} --executor slurm` "
-                      "submits their cells again")
-        return EXIT_FAIL
-    return summary.exit_code
 
 
 def _comparator(args: argparse.Namespace, config_of: Path) -> Comparator | None:

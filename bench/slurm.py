@@ -22,6 +22,7 @@ before is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -36,11 +37,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.core.config import Config
-from bench.core.matrix import Cell
-from bench.core.records import JOB_DONE_STATES, JobRecord
+from bench.core.config import Config, load_config
+from bench.core.matrix import Cell, expand
+from bench.core.records import JOB_DONE_STATES, JobRecord, Summary
 from bench.core.stop import StopToken
 from bench.store.merge import merge
+from bench.store.publish import regenerate
 from bench.store.results import ResultsDir
 
 POLL_S = 2.0
@@ -157,6 +159,8 @@ def refresh(jobs: list[SlurmJob]) -> list[SlurmJob]:
         update: dict = {"state": state}
         if fields.get("NodeList") and fields["NodeList"] != "(null)":
             update["node"] = fields["NodeList"]
+        if fields.get("Restarts", "").isdigit():
+            update["restarts"] = int(fields["Restarts"])
         if state == "UNKNOWN" or state in DONE_STATES:
             update.update(exit_code=fields.get("ExitCode"), ended_at=time.time(),
                           reason=None if state == "COMPLETED" else fields.get("Reason"))
@@ -186,7 +190,7 @@ def follow(jobs: list[SlurmJob], stop: StopToken, status: Callable[[str], None],
     """Until every job is over, or `stop` is set (then every job still queued or running is
     cancelled, and waited for). `save` gets the jobs after every look: a killed bench's jobs can
     be found again by `--resume`."""
-    seen = {j.job_id: (j.state, j.node) for j in jobs}
+    seen = {j.job_id: (j.state, j.node, j.restarts) for j in jobs}
     try:
         while not all(j.done for j in jobs):
             if stop.wait(POLL_S):
@@ -194,9 +198,12 @@ def follow(jobs: list[SlurmJob], stop: StopToken, status: Callable[[str], None],
             jobs = refresh(jobs)
             save(jobs)
             for j in jobs:
-                if seen.get(j.job_id) != (j.state, j.node):
-                    seen[j.job_id] = (j.state, j.node)
+                if seen.get(j.job_id) != (j.state, j.node, j.restarts):
+                    requeued = j.restarts > seen.get(j.job_id, ("", None, 0))[2]
+                    seen[j.job_id] = (j.state, j.node, j.restarts)
                     where = f" on {j.node}" if j.node else ""
+                    if requeued:
+                        status(f"job {j.job_id} {j.cell_id}: requeued by Slurm (restart {j.restarts})")
                     devices = f" (CUDA_VISIBLE_DEVICES={j.cuda_visible_devices})" if j.cuda_visible_devices else ""
                     status(f"job {j.job_id} {j.cell_id}: {j.state}{where}{devices}")
     except KeyboardInterrupt:
@@ -265,3 +272,99 @@ def load_state(root: Path) -> tuple[Submission, list[SlurmJob]]:
 def save_submission(root: Path, submission: Submission) -> None:
     root.mkdir(parents=True, exist_ok=True)
     (root / "submission.json").write_text(json.dumps(submission.model_dump(), indent=1), encoding="utf-8")
+
+
+# --- one run on Slurm, start to merged report: what `regbench run --executor slurm` does --------------
+
+
+@dataclass
+class SlurmRun:
+    """What a run on Slurm came to: the merged folder and its summary, whether the bench was
+    stopped, and the jobs that did not complete (their cells have the runs they made before)."""
+
+    results: ResultsDir
+    summary: Summary
+    stopped: bool
+    incomplete: list[SlurmJob]
+
+
+Status = Callable[[str], None]
+
+
+def start(config: Config, matrix: Path, cells: Sequence[Cell], run_id: str, results: Path, options: SlurmOptions,
+          status: Status) -> SlurmRun:
+    """One job per cell, followed, merged into results/RUN."""
+    results, matrix = results.resolve(), matrix.resolve()
+    root = state_dir(results, run_id)
+    if (results / run_id).exists() or root.exists():
+        raise SlurmError(f"results directory {results / run_id} exists already")
+    save_submission(root, Submission(config=str(matrix), run_id=run_id, results=str(results),
+                                     options=dataclasses.asdict(options), cells=[c.id for c in cells]))
+    return _submit_and_follow(config, matrix, [(c, i, 1) for i, c in enumerate(cells)], [], root, run_id, results,
+                              options, status)
+
+
+def resume(path: Path, again: SlurmOptions, status: Status) -> SlurmRun:
+    """Jobs still queued or running are followed, cells whose job did not complete are submitted
+    again into their slice (whose finished repeats stay), the rest is kept; then everything is
+    merged again. What is given again in `again` overrides what the run was submitted with (a
+    longer time limit, say)."""
+    path = path.resolve()
+    results, run_id = path.parent, path.name
+    root = state_dir(results, run_id)
+    try:
+        submission, jobs = load_state(root)
+        jobs = refresh(jobs)
+    except SlurmError as exc:
+        raise SlurmError(f"cannot resume {path} on Slurm: {exc}") from None
+    config = load_config(submission.config)
+    cells = {c.id: c for c in expand(config)}
+    options = SlurmOptions(**submission.options)
+    for name in ("partition", "account", "time_limit", "gpus_per_job", "cpus_per_job", "mem"):
+        if getattr(again, name) is not None:
+            setattr(options, name, getattr(again, name))
+    if again.extra:
+        options.extra = list(again.extra)
+    latest = {j.cell_id: j for j in jobs}  # the last attempt of each cell
+    todo = []
+    for i, cell_id in enumerate(submission.cells):
+        job = latest.get(cell_id)
+        if job is None or (job.done and job.state != "COMPLETED"):
+            attempt = job.attempt + 1 if job else 1
+            index = int(Path(job.slice_dir).name) if job else i
+            todo.append((cells[cell_id], index, attempt))
+    status(f"resuming {run_id}: {len(todo)} cell(s) to submit again, "
+           f"{sum(not j.done for j in latest.values())} job(s) still queued or running")
+    return _submit_and_follow(config, Path(submission.config), todo, list(latest.values()), root, run_id, results,
+                              options, status)
+
+
+def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int, int]], jobs: list[SlurmJob],
+                       root: Path, run_id: str, results: Path, options: SlurmOptions, status: Status) -> SlurmRun:
+    stop = StopToken()
+    resubmitted = {c.id for c, _, _ in todo}
+    jobs = [j for j in jobs if j.cell_id not in resubmitted]
+
+    def save(js: list[SlurmJob]) -> None:
+        save_state(root, js)
+
+    try:
+        for cell, index, attempt in todo:
+            gpu = config.profile(cell.platform).device_kind == "gpu"
+            jobs.append(submit(cell, matrix, run_id, root, index, options, gpu, attempt))
+            save(jobs)
+            status(f"submitted job {jobs[-1].job_id}: {cell.id}" + (f" (attempt {attempt})" if attempt > 1 else ""))
+        jobs = follow(jobs, stop, status, save)
+    except KeyboardInterrupt:
+        stop.stop("interrupted")
+        jobs = follow(jobs, stop, status, save)
+    except SlurmError as exc:
+        stop.stop(str(exc))
+        follow(jobs, stop, status, save)
+        raise
+    incomplete = [j for j in jobs if j.state != "COMPLETED"]
+    for j in incomplete:
+        status(f"job {j.job_id} {j.cell_id}: {j.state}" + (f" ({j.reason})" if j.reason else "")
+               + (f" on {j.node}" if j.node else ""))
+    merged = collect(jobs, run_id, results, config)
+    return SlurmRun(results=merged, summary=regenerate(merged.path), stopped=stop.stopped, incomplete=incomplete)

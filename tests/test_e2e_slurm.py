@@ -153,3 +153,35 @@ def test_a_node_set_down_mid_run_shows_as_such_and_resume_completes_its_cell(slu
     assert (job.state, job.attempt) == ("COMPLETED", 2)
     cells = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
     assert [(c.verdict, c.runs) for c in cells] == [("pass", 2)]
+
+
+def test_a_job_slurm_requeues_after_its_node_went_down_completes_its_cell_by_itself(slurm, tmp_path):
+    # Slurm's own recovery (requeue is on by default): the same job runs again, later, and its
+    # bench continues the slice; no --resume needed, and the job records that it was requeued.
+    p = bench("run", str(one_cell_config(tmp_path, repeats=1)), "--executor", "slurm", "--results",
+              str(tmp_path / "r"), "--run-id", "requeue", env=slurm)
+    running: list[str] = []
+
+    def on_a_node() -> bool:
+        running[:] = [line for line in squeue(slurm, "requeue") if " RUNNING " in f" {line} "]
+        return bool(running)
+
+    wait_until(on_a_node, 120, "the job running")
+    node = running[0].split()[2]
+    wait_until(lambda: any((tmp_path / "r" / ".slurm-requeue" / "slices").glob("*/requeue/preflight.jsonl")), 120,
+               "the job's bench started")
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=regbench-test"], env=slurm,
+                   check=True)
+    try:
+        output, _ = p.communicate(timeout=900)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=slurm)
+    assert p.returncode == 0, output
+    assert "requeued by Slurm" in output
+    run_dir = tmp_path / "r" / "requeue"
+    [job] = jobs_of(run_dir)
+    assert (job.state, job.attempt, job.restarts) == ("COMPLETED", 1, 1), job
+    cells = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    assert [(c.verdict, c.runs) for c in cells] == [("pass", 1)]
+    assert f"| {job.job_id} | 1 | 1 |" in (run_dir / "summary.md").read_text()
+    assert squeue(slurm, "requeue") == []

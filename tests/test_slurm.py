@@ -66,3 +66,26 @@ def test_a_resubmitted_cells_attempts_share_one_slice_and_it_is_merged_once(tmp_
     merged = collect([first, second], "r1", tmp_path / "out", results.config())
     assert [j.job_id for j in merged.jobs()] == ["1", "2"]
     assert len(merged.runs()) == len(results.runs()) == 4
+
+
+def test_the_reports_show_every_job_and_flag_the_ones_that_did_not_complete(tmp_path):
+    from bench.slurm import collect
+    from bench.store.publish import regenerate
+
+    from . import synth
+
+    done = synth.healthy(tmp_path / "slices" / "000", "r1", repeats=1)
+    jobs = [SlurmJob(cell_id="m__safetensors__cpu__img", job_id="7", slice_dir=str(tmp_path / "slices" / "000"),
+                     submitted_at=0.0, state="COMPLETED", node="n1", exit_code="0:0", cuda_visible_devices="0",
+                     restarts=1),
+            SlurmJob(cell_id="m__runai_streamer__cpu__img", job_id="8", slice_dir=str(tmp_path / "slices" / "001"),
+                     submitted_at=0.0, state="TIMEOUT", node="n2", reason="TimeLimit", exit_code="0:15")]
+    merged = collect(jobs, "r1", tmp_path / "out", done.config())
+    regenerate(merged.path)
+    md = (merged.path / "summary.md").read_text()
+    assert "| `m__safetensors__cpu__img` | 7 | 1 | 1 | n1 | COMPLETED |" in md
+    assert "| `m__runai_streamer__cpu__img` | 8 | 1 | 0 | n2 | **TIMEOUT** | TimeLimit | 0:15 |" in md
+    html = (merged.path / "report.html").read_text()
+    assert "1 of 2 job(s) did not complete" in html
+    row = html[html.index('<tr class="r-fail">'):]
+    assert "m__runai_streamer__cpu__img" in row[:row.index("</tr>")] and "<strong>TIMEOUT</strong>" in row

@@ -178,6 +178,7 @@ class JobRecord(Record):
     submitted_at: float
     ended_at: float | None = None
     attempt: int = 1  # 2, 3, ...: resubmitted by `regbench run --resume`
+    restarts: int = 0  # requeued by Slurm itself (a node failure with requeue on): same job id, run again
 
     @property
     def done(self) -> bool:

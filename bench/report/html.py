@@ -15,11 +15,12 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from html import escape
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.perf import METRICS
-from bench.core.records import CellSummary, Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.core.records import CellSummary, Fingerprint, JobRecord, LogExcerpt, RequestRecord, RunRecord, Summary
 from bench.core.stats import percent_range, rate_text
 from bench.core.verdicts import Verdict
 from bench.report.perf import PLOTS, strip_svg
@@ -291,6 +292,29 @@ def _run_rows(
     )
 
 
+def _jobs_html(jobs: Sequence[JobRecord]) -> str:
+    """The Slurm jobs behind the cells, under the matrix: a job that did not complete is why its
+    cell has fewer runs (or none), and the reader should not have to find that in a file."""
+    if not jobs:
+        return ""
+    failed = [j for j in jobs if j.state != "COMPLETED"]
+    note = (f"<p><strong>{len(failed)} of {len(jobs)} job(s) did not complete</strong>: their cells have the runs "
+            "made before; <code>regbench run --resume DIR --executor slurm</code> submits them again.</p>"
+            if failed else f'<p class="muted">All {len(jobs)} job(s) completed.</p>')
+    head = "".join(f"<th>{h}</th>" for h in ("cell", "job", "attempt", "requeued", "node", "state", "reason", "exit",
+                                             "CUDA_VISIBLE_DEVICES"))
+    rows = []
+    for j in jobs:
+        cls = ' class="r-fail"' if j.state != "COMPLETED" else ""
+        state = e(j.state) if j.state == "COMPLETED" else f"<strong>{e(j.state)}</strong>"
+        cells = [f'<a href="#{e(_anchor(j.cell_id))}"><code>{e(j.cell_id)}</code></a>', e(j.job_id), e(j.attempt),
+                 e(j.restarts), e(j.node or "–"), state, e(j.reason or "–"), e(j.exit_code or "–"),
+                 e(j.cuda_visible_devices or "–")]
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return (f"<h2>Slurm jobs</h2>{note}"
+            f'<table class="runs jobs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
 def _fingerprint_table(fps: list[Fingerprint]) -> str:
     if not fps:
         return '<p class="muted">No fingerprint recorded.</p>'
@@ -499,6 +523,7 @@ def html_report(
     fingerprints: list[Fingerprint],
     excerpts: list[LogExcerpt],
     diagnosis: Diagnosis | None = None,
+    jobs: Sequence[JobRecord] = (),
 ) -> str:
     runs_of: dict[str, dict[int, RunRecord]] = defaultdict(dict)
     for r in runs:
@@ -535,7 +560,8 @@ def html_report(
         "interval of the failure rate. Click a cell for its runs.</p>"
         f'{heatmap(summary.cells)}<div class="legend">{legend}'
         '<span><span class="badge">≠ nondeterministic</span> outputs differ between repeats</span></div>'
-        f'<h2>Cells <button id="toggle-all" type="button">expand all</button></h2>'
+        + _jobs_html(jobs)
+        + '<h2>Cells <button id="toggle-all" type="button">expand all</button></h2>'
         + "".join(
             cell_details(c, runs_of.get(c.cell_id, {}), reqs_of.get(c.cell_id, {}), excerpts_of.get(c.cell_id, {}),
                          fingerprints)

@@ -170,12 +170,13 @@ def jobs_markdown(jobs: Sequence[JobRecord]) -> list[str]:
         return []
     lines = ["", "## Slurm jobs", "",
              "One job per cell; a cell whose job did not complete has the runs it made before.", "",
-             "| cell | job | attempt | node | state | reason | exit | CUDA_VISIBLE_DEVICES |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Attempt: submitted again by `--resume`; requeued: run again by Slurm under the same job id.", "",
+             "| cell | job | attempt | requeued | node | state | reason | exit | CUDA_VISIBLE_DEVICES |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for j in jobs:
         state = j.state if j.state == "COMPLETED" else f"**{j.state}**"
-        lines.append(f"| `{j.cell_id}` | {j.job_id} | {j.attempt} | {j.node or '-'} | {state} | {j.reason or '-'} | "
-                     f"{j.exit_code or '-'} | {j.cuda_visible_devices or '-'} |")
+        lines.append(f"| `{j.cell_id}` | {j.job_id} | {j.attempt} | {j.restarts} | {j.node or '-'} | {state} | "
+                     f"{j.reason or '-'} | {j.exit_code or '-'} | {j.cuda_visible_devices or '-'} |")
     return lines
 
 
@@ -248,7 +249,7 @@ def render_all(
         "summary.json": summary.model_dump_json(indent=2) + "\n",
         "summary.md": markdown(summary, fingerprints, diagnosis, jobs),
         "junit.xml": junit_xml(summary, runs),
-        "report.html": html_report(summary, runs, requests, fingerprints, excerpts, diagnosis),
+        "report.html": html_report(summary, runs, requests, fingerprints, excerpts, diagnosis, jobs),
     }
     if diagnosis is not None:
         files["diagnosis.json"] = diagnosis.model_dump_json(indent=2) + "\n"
