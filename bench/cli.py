@@ -244,7 +244,8 @@ def _slurm_status(text: str) -> None:
 
 def _slurm_options(args: argparse.Namespace) -> SlurmOptions:
     return SlurmOptions(partition=args.partition, account=args.account, time_limit=args.time_limit,
-                        gpus_per_job=args.gpus_per_job, extra=list(args.sbatch_arg or []))
+                        gpus_per_job=args.gpus_per_job, cpus_per_job=args.cpus_per_job, mem=args.mem,
+                        extra=list(args.sbatch_arg or []))
 
 
 def _slurm_finished(run: SlurmRun) -> int:
@@ -557,7 +558,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--gpus-per-job", type=int, metavar="N",
                      help="with --executor slurm: --gres=gpu:N per job (default: the cell's tensor_parallel_size "
                           "on a GPU platform, none on a CPU one)")
-    run.add_argument("--sbatch-arg", action="append", metavar="ARG", help="with --executor slurm: another sbatch argument")
+    run.add_argument("--cpus-per-job", type=int, metavar="N", help="with --executor slurm: sbatch --cpus-per-task")
+    run.add_argument("--mem", metavar="SIZE", help="with --executor slurm: sbatch --mem, per job (e.g. 64G)")
+    run.add_argument("--sbatch-arg", action="append", metavar="ARG",
+                     help="with --executor slurm: another sbatch argument. Partition, account, time limit, CPUs, "
+                          "memory and sbatch arguments default to the platform profile's `slurm:` block")
     run.set_defaults(func=cmd_run)
     merge_p = sub.add_parser("merge", help="merge the results folders of the slices of one run, reports regenerated")
     merge_p.add_argument("dirs", nargs="+", metavar="DIR")

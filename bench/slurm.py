@@ -37,7 +37,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.core.config import Config, load_config
+from bench.core.config import Config, SlurmProfile, load_config
 from bench.core.matrix import Cell, expand
 from bench.core.records import JOB_DONE_STATES, JobRecord, Summary
 from bench.core.stop import StopToken
@@ -67,6 +67,14 @@ class SlurmOptions:
     cpus_per_job: int | None = None
     mem: str | None = None
     extra: list[str] = field(default_factory=list)  # further sbatch arguments, as given
+
+    def over(self, profile: SlurmProfile) -> SlurmOptions:
+        """These options (the command line's) over a platform profile's: a value given here wins,
+        and extra arguments follow the profile's, so that sbatch takes the later one."""
+        return SlurmOptions(
+            **{name: getattr(self, name) if getattr(self, name) is not None else getattr(profile, name, None)
+               for name in ("partition", "account", "time_limit", "cpus_per_job", "mem")},
+            gpus_per_job=self.gpus_per_job, extra=[*profile.sbatch_args, *self.extra])
 
 
 def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
@@ -350,8 +358,9 @@ def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int,
 
     try:
         for cell, index, attempt in todo:
-            gpu = config.profile(cell.platform).device_kind == "gpu"
-            jobs.append(submit(cell, matrix, run_id, root, index, options, gpu, attempt))
+            profile = config.profile(cell.platform)
+            jobs.append(submit(cell, matrix, run_id, root, index, options.over(profile.slurm),
+                               profile.device_kind == "gpu", attempt))
             save(jobs)
             status(f"submitted job {jobs[-1].job_id}: {cell.id}" + (f" (attempt {attempt})" if attempt > 1 else ""))
         jobs = follow(jobs, stop, status, save)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.core.records import RunRecord, Summary
 from bench.slurm import SlurmJob
@@ -93,8 +94,12 @@ def jobs_of(run_dir: Path) -> list[SlurmJob]:
 
 
 def test_a_job_over_its_time_limit_shows_as_such_and_resume_completes_its_cell(slurm, tmp_path):
-    # Two fresh servers take over a minute: a one-minute limit ends the job part way.
-    p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--time-limit", "1", "--results",
+    # Two fresh servers take over a minute: a one-minute limit ends the job part way. The limit
+    # comes from the platform profile's slurm block; the resume's --time-limit overrides it.
+    profile = yaml.safe_load((ROOT / "bench" / "profiles" / "cpu.yaml").read_text())
+    (tmp_path / "platforms").mkdir()
+    (tmp_path / "platforms" / "cpu.yaml").write_text(yaml.safe_dump({**profile, "slurm": {"time_limit": "1"}}))
+    p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--results",
               str(tmp_path / "r"), "--run-id", "limit", env=slurm)
     output, _ = p.communicate(timeout=600)
     assert p.returncode == 1, output

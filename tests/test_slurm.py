@@ -89,3 +89,20 @@ def test_the_reports_show_every_job_and_flag_the_ones_that_did_not_complete(tmp_
     assert "1 of 2 job(s) did not complete" in html
     row = html[html.index('<tr class="r-fail">'):]
     assert "m__runai_streamer__cpu__img" in row[:row.index("</tr>")] and "<strong>TIMEOUT</strong>" in row
+
+
+def test_a_platform_profiles_slurm_block_gives_the_defaults_and_flags_win():
+    import pytest
+    from pydantic import ValidationError
+
+    from bench.core.config import Platform
+
+    lab = Platform.model_validate({"name": "lab", "slurm": {"partition": "h200", "account": "qa", "time_limit": "2:00:00",
+                                                            "mem": "64G", "sbatch_args": ["--qos=release"]}})
+    cell = cells()[0]
+    args = sbatch_args(cell, "r1", Path("/s"), SlurmOptions(time_limit="30", extra=["--qos=high"]).over(lab.slurm), True)
+    assert {"--partition=h200", "--account=qa", "--time=30", "--mem=64G"} <= set(args)
+    assert args.index("--qos=release") < args.index("--qos=high")  # sbatch takes the later one
+    assert "--partition=x" in sbatch_args(cell, "r1", Path("/s"), SlurmOptions(partition="x").over(lab.slurm), True)
+    with pytest.raises(ValidationError, match="partiton"):
+        Platform.model_validate({"name": "lab", "slurm": {"partiton": "h200"}})

@@ -305,6 +305,19 @@ class DockerOptions(Strict):
     ulimits: list[Ulimit] = []
 
 
+class SlurmProfile(Strict):
+    """How a platform's cells are submitted under `regbench run --executor slurm` (bench.slurm):
+    the site's partition, account and limits for that kind of node. A flag given on the command
+    line wins over the profile; `sbatch_args` come first, the command line's after them."""
+
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None  # sbatch --time, per job: "30", "1:00:00", "1-0"
+    cpus_per_job: int | None = Field(default=None, ge=1)
+    mem: str | None = Field(default=None, pattern=r"^[0-9]+[KMGT]?$")  # sbatch --mem
+    sbatch_args: list[str] = []
+
+
 class Platform(Strict):
     """A platform profile: what the host looks like, how to run on it (bench/profiles/NAME.yaml,
     or platforms/NAME.yaml beside a matrix)."""
@@ -322,6 +335,7 @@ class Platform(Strict):
     # GPUs by CUDA index; on the CPU platform CPU numbers, each server pinned to its own.
     devices: list[Annotated[str, Field(pattern=r"^[0-9]{1,4}$")]] = []
     device_kind: Literal["gpu", "cpu"] = "gpu"
+    slurm: SlurmProfile = SlurmProfile()
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
