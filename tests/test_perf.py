@@ -180,3 +180,19 @@ def test_strip_plots_have_a_row_per_cell_and_a_dot_per_sample():
     assert svg.count("<circle") == 4 and "cell-a" in svg and "median" in svg
     assert strip_svg("TTFT", "s", []) == ""
     assert set(METRICS) >= {"boot_s", "ttft_s", "itl_s", "throughput_tok_s", "peak_rss_bytes"}
+
+
+def test_strip_plot_labels_keep_the_axes_that_tell_cells_apart():
+    from bench.report.perf import LABEL_CHARS, short_labels
+
+    ids = ["tiny-canary__runai_streamer__cpu__streamer-0.16.0", "tiny-canary__safetensors__cpu__streamer-0.16.0",
+           "smollm2-135m-instruct__runai_streamer__cpu__streamer-0.17.0-with-a-long-tag"]
+    labels = short_labels(ids)
+    # The platform is the same on every row: left out. What is left fits, whole where it can.
+    assert labels[:2] == ["tiny-canary · runai_streamer · streamer-0.16.0", "tiny-canary · safetensors · streamer-0.16.0"]
+    assert len(set(labels)) == 3 and all(len(x) <= LABEL_CHARS for x in labels)
+    assert "runai_streamer" in labels[2] and labels[2].startswith("smollm")
+    assert short_labels(["m__a__cpu__i", "m__b__cpu__i"]) == ["a", "b"]
+    assert short_labels(["only__one"]) == ["only · one"]
+    svg = strip_svg("TTFT", "s", [(ids[0], [0.1]), (ids[2], [0.2])])
+    assert f"<title>{ids[0]}</title>" in svg

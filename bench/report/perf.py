@@ -40,13 +40,37 @@ def _e(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
+LABEL_CHARS = 48  # what fits left of the axis at 10 px
+
+
+def _middle_cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:(n - 1) // 2] + "…" + text[len(text) - (n - 1 - (n - 1) // 2):]
+
+
+def short_labels(cell_ids: list[str]) -> list[str]:
+    """Row labels that tell cells apart in little room: only the axes (model, load format,
+    platform, image) that differ between the rows; when that is still too long, the longest
+    axis value is shortened in its middle, again and again (the full id is the label's tooltip)."""
+    parts = [cid.split("__") for cid in cell_ids]
+    width = min((len(p) for p in parts), default=0)
+    varying = [i for i in range(width) if len({p[i] for p in parts}) > 1] or list(range(width))
+    labels = []
+    for p in parts:
+        values = [p[i] for i in varying] if len(p) == width else ["__".join(p)]
+        while len(" · ".join(values)) > LABEL_CHARS and max(map(len, values)) > 5:
+            longest = max(range(len(values)), key=lambda i: len(values[i]))
+            values[longest] = _middle_cut(values[longest], len(values[longest]) - 1)
+        labels.append(_middle_cut(" · ".join(values), LABEL_CHARS))
+    return labels
+
+
 def strip_svg(title: str, unit: str, rows: list[tuple[str, list[float]]]) -> str:
     """One row per cell, a dot per sample on a shared axis from 0 to the largest value, and a tick at each row's median."""
     values = [v for _, vs in rows for v in vs]
     if not values:
         return ""
     vmax = max(values) or 1.0
-    w, left, right, row_h, top = 640, 230, 16, 18, 24
+    w, left, right, row_h, top = 760, 300, 16, 18, 24
     h = top + row_h * len(rows) + 18
     span = w - left - right
     parts = [f'<svg class="plot strip" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{_e(title)}">',
@@ -54,9 +78,9 @@ def strip_svg(title: str, unit: str, rows: list[tuple[str, list[float]]]) -> str
              f'<line x1="{left}" y1="{h - 16}" x2="{w - right}" y2="{h - 16}" class="axis"/>',
              f'<text x="{left}" y="{h - 3}" class="xl">0</text>',
              f'<text x="{w - right}" y="{h - 3}" class="xl end">{_e(fmt(vmax, unit))}</text>']
-    for i, (label, vs) in enumerate(rows):
+    for i, ((label, vs), short) in enumerate(zip(rows, short_labels([label for label, _ in rows]), strict=True)):
         y = top + i * row_h + row_h / 2
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="yl">{_e(label[-34:])}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="yl"><title>{_e(label)}</title>{_e(short)}</text>')
         step = max(1, len(vs) // 400)  # a few hundred dots per row is enough to see a distribution
         for v in sorted(vs)[::step]:
             parts.append(f'<circle cx="{left + span * v / vmax:.1f}" cy="{y:.1f}" r="2" class="d-pass"/>')
