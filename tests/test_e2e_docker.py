@@ -208,3 +208,24 @@ def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine, fault):
     assert out.returncode == 0 and "docker launcher: removed 1 leftover(s): container regbench-dkill-" in out.stdout, out
     assert containers_of(engine, "dkill") == []
     fault("`regbench clean` removes the container", processes_left=len(containers_of(engine, "dkill")))
+
+
+def test_logprobs_and_the_reference_probe_work_in_the_cpu_image(tmp_path, engine):
+    # vLLM's CPU backend compiles a kernel (torch inductor, g++) at the first request that asks
+    # for logprobs: the image has a compiler, so the default comparison and the reference-text
+    # probe work in containers as they do locally.
+    config = one_cell(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    data["comparison"] = {"mode": "logprobs"}
+    # The canary is random: near-uniform (about 7.7 nats) with or without weights; no ceiling.
+    data["reference_text"] = {"enabled": True, "max_mean_nll": 100.0}
+    config.write_text(yaml.safe_dump(data))
+    p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "dlogprobs")
+    output, _ = p.communicate(timeout=900)
+    assert p.returncode == 0, output
+    run_dir = tmp_path / "res" / "dlogprobs"
+    [run] = [RunRecord.model_validate_json(x) for x in (run_dir / "runs.jsonl").read_text().splitlines()]
+    assert run.reference is not None and run.reference.tokens > 0, run
+    requests = (run_dir / "requests.jsonl").read_text().splitlines()
+    assert requests and all(json.loads(q)["logprobs"] for q in requests)
+    assert containers_of(engine, "dlogprobs") == []
