@@ -8,13 +8,10 @@ interrupted while its jobs run.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -73,16 +70,29 @@ def test_the_smoke_matrix_as_slurm_jobs_gives_the_local_verdicts_on_both_nodes(s
     assert "Performance" in (run_dir / "summary.md").read_text()
 
 
-def test_ctrl_c_on_the_bench_cancels_its_jobs_and_keeps_what_they_wrote(slurm, tmp_path):
-    p = bench("run", str(SMOKE), "--executor", "slurm", "--gpus-per-job", "1", "--results", str(tmp_path),
-              "--run-id", "slurm-stop", env=slurm)
+def test_ctrl_c_on_the_bench_cancels_its_jobs_and_resume_completes_the_run(slurm, tmp_path):
+    cells = [{"load_format": "safetensors", "image": "streamer-0.17.0"},
+             {"load_format": "runai_streamer", "image": "streamer-0.17.0"}]
+    p = bench("run", str(one_cell_config(tmp_path, repeats=1, include=cells)), "--executor", "slurm",
+              "--gpus-per-job", "1", "--results", str(tmp_path / "r"), "--run-id", "slurm-stop", env=slurm)
     wait_until(lambda: sum(" RUNNING " in f" {line} " for line in squeue(slurm, "slurm-stop")) >= 1, 120,
                "a job running")
     os.killpg(p.pid, signal.SIGINT)
     output, _ = p.communicate(timeout=300)
     assert p.returncode == 130, output
     assert squeue(slurm, "slurm-stop") == [], "jobs left queued or running"
-    assert "cancelling" in output and "CANCELLED" in output
+    assert "cancelling" in output
+    run_dir = tmp_path / "r" / "slurm-stop"
+    jobs = jobs_of(run_dir)
+    assert len(jobs) == 2 and {j.state for j in jobs} == {"CANCELLED"}, jobs
+    assert "**CANCELLED**" in (run_dir / "summary.md").read_text()
+    p = bench("run", "--resume", str(run_dir), "--executor", "slurm", env=slurm)
+    output, _ = p.communicate(timeout=900)
+    assert p.returncode == 0, output
+    assert [(j.state, j.attempt) for j in jobs_of(run_dir)] == [("COMPLETED", 2)] * 2
+    summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
+    assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 1)] * 2
+    assert squeue(slurm, "slurm-stop") == []
 
 
 def one_cell(tmp_path: Path) -> Path:
