@@ -42,9 +42,11 @@ def engine():
 
 
 def audit_containers(engine, run_id: str | None = None) -> list:
-    """The audit's containers (of one run id), found by the labels `regbench clean` goes by."""
+    """The audit's containers (of one run id), found by the labels `regbench clean` goes by. Its short-lived
+    containers (the reference run) may go between the listing and their inspection."""
     label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
-    return [c for c in engine.containers.list(all=True, filters={"label": label})
+    return [c for c in engine.containers.list(all=True, filters={"label": label},
+                                                   ignore_removed=True)
             if c.labels.get(f"{LABEL}.cell") == "audit"]
 
 

@@ -35,7 +35,7 @@ def engine():
 
 
 def containers_of(engine, run_id: str) -> list:
-    return engine.containers.list(all=True, filters={"label": f"{LABEL}.run={run_id}"})
+    return engine.containers.list(all=True, filters={"label": f"{LABEL}.run={run_id}"}, ignore_removed=True)
 
 
 def regbench(*args: str, env: dict | None = None) -> subprocess.Popen:

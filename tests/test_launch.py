@@ -200,6 +200,36 @@ def test_docker_launcher_needs_image_refs(minimal):
         parse_config(minimal)
 
 
+def test_clean_passes_over_containers_that_go_while_it_works():
+    # The docker SDK's own listing and removal, with the engine's replies of a bench that removes its
+    # containers as clean runs: one gone before its inspection, one before its removal.
+    import docker
+    import requests
+
+    from bench.serve.launch_docker import clean
+
+    def gone(what: str) -> docker.errors.NotFound:
+        return docker.errors.NotFound(f"No such container: {what}", response=requests.Response())
+
+    client = docker.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.41")  # no engine asked
+    removed = []
+
+    def inspect(cid):
+        if cid == "a":
+            raise gone(cid)
+        return {"Id": cid, "Name": f"/regbench-{cid}"}
+
+    def remove(cid, **_):
+        if cid == "b":
+            raise gone(cid)
+        removed.append(cid)
+
+    client.api.containers = lambda **_: [{"Id": "a"}, {"Id": "b"}, {"Id": "c"}]
+    client.api.inspect_container = inspect
+    client.api.remove_container = remove
+    assert clean(client, "r1") == ["regbench-c"] and removed == ["c"]
+
+
 def test_a_server_gone_before_the_stop_is_a_death_while_serving(tmp_path):
     p = proc(tmp_path, "ok")
     with p:

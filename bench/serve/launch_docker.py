@@ -354,7 +354,12 @@ def clean(docker_client: docker.DockerClient, run_id: str | None = None) -> list
     """Removes regbench's containers (of one run, or all); returns their names."""
     label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
     removed = []
-    for c in docker_client.containers.list(all=True, filters={"label": label}):
-        c.remove(force=True)
+    # A container may go between the listing and its removal (its bench removing it as it ends):
+    # gone is what was asked for, and it is not counted as ours.
+    for c in docker_client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
+        try:
+            c.remove(force=True)
+        except docker.errors.NotFound:
+            continue
         removed.append(str(c.name))
     return removed
