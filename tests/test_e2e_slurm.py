@@ -134,27 +134,35 @@ def test_a_job_over_its_time_limit_shows_as_such_and_resume_completes_its_cell(s
     assert [(c.verdict, c.runs) for c in cells] == [("pass", 2)]
 
 
-def test_a_node_set_down_mid_run_shows_as_such_and_resume_completes_its_cell(slurm, tmp_path):
-    p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--sbatch-arg=--no-requeue", "--results",
-              str(tmp_path / "r"), "--run-id", "down", env=slurm)
+def node_down_mid_run(slurm: dict, p: subprocess.Popen, results: Path, run_id: str,
+                     timeout: float) -> tuple[str, str]:
+    """Sets the node of run ``run_id``'s job down once the bench in it has started its slice, and
+    waits for the bench ``p`` to end; returns its output and the node. The node is back in service
+    after, whatever happened."""
     running: list[str] = []
 
     def on_a_node() -> bool:
-        running[:] = [line for line in squeue(slurm, "down") if " RUNNING " in f" {line} "]
+        running[:] = [line for line in squeue(slurm, run_id) if " RUNNING " in f" {line} "]
         return bool(running)
 
     wait_until(on_a_node, 120, "the job running")
     node = running[0].split()[2]
-    # Mid-run: once the bench in the job has started its slice.
-    wait_until(lambda: any((tmp_path / "r" / ".slurm-down" / "slices").glob("*/down/preflight.jsonl")), 120,
+    wait_until(lambda: any((results / f".slurm-{run_id}" / "slices").glob(f"*/{run_id}/preflight.jsonl")), 120,
                "the job's bench started")
     subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=regbench-test"], env=slurm,
                    check=True)
     try:
-        output, _ = p.communicate(timeout=600)
+        output, _ = p.communicate(timeout=timeout)
     finally:
-        # Back in service (ReturnToService=2 may have done it already, once its slurmd answered).
+        # ReturnToService=2 may have done it already, once its slurmd answered.
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=slurm)
+    return output, node
+
+
+def test_a_node_set_down_mid_run_shows_as_such_and_resume_completes_its_cell(slurm, tmp_path):
+    p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--sbatch-arg=--no-requeue", "--results",
+              str(tmp_path / "r"), "--run-id", "down", env=slurm)
+    output, node = node_down_mid_run(slurm, p, tmp_path / "r", "down", timeout=600)
     assert p.returncode == 1, output
     run_dir = tmp_path / "r" / "down"
     [job] = jobs_of(run_dir)
@@ -175,22 +183,7 @@ def test_a_job_slurm_requeues_after_its_node_went_down_completes_its_cell_by_its
     # bench continues the slice; no --resume needed, and the job records that it was requeued.
     p = bench("run", str(one_cell_config(tmp_path, repeats=1)), "--executor", "slurm", "--results",
               str(tmp_path / "r"), "--run-id", "requeue", env=slurm)
-    running: list[str] = []
-
-    def on_a_node() -> bool:
-        running[:] = [line for line in squeue(slurm, "requeue") if " RUNNING " in f" {line} "]
-        return bool(running)
-
-    wait_until(on_a_node, 120, "the job running")
-    node = running[0].split()[2]
-    wait_until(lambda: any((tmp_path / "r" / ".slurm-requeue" / "slices").glob("*/requeue/preflight.jsonl")), 120,
-               "the job's bench started")
-    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=regbench-test"], env=slurm,
-                   check=True)
-    try:
-        output, _ = p.communicate(timeout=900)
-    finally:
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=slurm)
+    output, _ = node_down_mid_run(slurm, p, tmp_path / "r", "requeue", timeout=900)
     assert p.returncode == 0, output
     assert "requeued by Slurm" in output
     run_dir = tmp_path / "r" / "requeue"
