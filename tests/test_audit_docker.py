@@ -42,8 +42,9 @@ def engine():
 
 
 def audit_containers(engine, run_id: str | None = None) -> list:
-    """The audit's containers (of one run id), found by the labels `regbench clean` goes by. Its short-lived
-    containers (the reference run) may go between the listing and their inspection."""
+    """The audit's containers (of one run id), found by the labels `regbench clean` goes by. Its bench may
+    remove one between the listing and its inspection (a probe that ended or failed to start): then the
+    caller's next look tells, not a 404 from inside the listing."""
     label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
     return [c for c in engine.containers.list(all=True, filters={"label": label},
                                                    ignore_removed=True)
