@@ -128,6 +128,10 @@ def run_one(
     except Stopped:
         interrupted = True
     finally:
+        # A stop that came while the server ran or stopped may have reached the server as well
+        # (at a job's time limit Slurm signals every process of the job): how it then booted or
+        # exited is not its own doing, so the run is interrupted, to be run again, not judged.
+        interrupted = interrupted or stop.stopped
         # Also on the way out of an error (results that cannot be written): what is known of
         # the run is recorded if it can be.
         outcome = server.outcome

@@ -9,9 +9,10 @@ from bench.core.config import parse_config
 from bench.core.matrix import expand
 from bench.core.records import Finding, Reason, RunRecord, ServerOutcome
 from bench.runner import run_matrix
+from bench.serve.launch import BootError
 from bench.store.results import ResultsDir
 
-from .support import ScriptedLauncher
+from .support import Live, ScriptedLauncher
 
 
 def config(minimal, **changes):
@@ -143,3 +144,40 @@ def test_a_stopped_schedule_hands_out_nothing(minimal):
     assert schedule.next(stop) is None
     with pytest.raises(Stopped, match="test"):
         stop.check()
+
+
+
+class SignalledToo(Live):
+    """A server that, like every process of a Slurm job at its time limit, is signalled along with
+    the bench: the stop comes while it boots or while it stops, and its exit shows it."""
+
+    during = "shutdown"
+
+    def __enter__(self):
+        if self.during == "boot":
+            self.stop.stop("interrupted")
+            self.outcome = self.outcome.model_copy(update={"exited_early_code": -15})
+            raise BootError("exited while booting")
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self.stop.stop("interrupted")
+        self.outcome = self.outcome.model_copy(update={"exit_code": 143})
+
+
+@pytest.mark.parametrize("during", ["boot", "shutdown"])
+def test_a_stop_while_the_server_boots_or_stops_interrupts_the_run_rather_than_failing_it(tmp_path, minimal, during):
+    from bench.core.stop import StopToken
+    from bench.runner import run_one
+
+    cfg = config(minimal, repeats=1)
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    (cell,) = expand(cfg)
+    launcher = ScriptedLauncher(["ok"])
+    server = SignalledToo("ok", results.run_dir(cell.id, 1), None, launcher, StopToken())
+    server.during = during
+    launcher.server = lambda *_: server
+    record = run_one(cfg, cell, 1, launcher, results, status=lambda _: None, stop=server.stop)
+    assert record.interrupted and record.findings == [], record.findings
+    assert [r.interrupted for r in results.runs()] == [True]
