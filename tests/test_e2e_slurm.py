@@ -103,14 +103,38 @@ def jobs_of(run_dir: Path) -> list[SlurmJob]:
     return [SlurmJob.model_validate_json(x) for x in (run_dir / "slurm.jsonl").read_text().splitlines()]
 
 
+def job_bench(slices: Path) -> int | None:
+    """The pid of the bench a job runs into a slice under `slices`, if one runs."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if b"bench" in argv and b"--cell" in argv and any(str(slices).encode() in a for a in argv):
+            return int(entry.name)
+    return None
+
+
 def test_a_job_over_its_time_limit_shows_as_such_and_resume_completes_its_cell(slurm, tmp_path):
-    # Two fresh servers take over a minute: a one-minute limit ends the job part way. The limit
-    # comes from the platform profile's slurm block; the resume's --time-limit overrides it.
+    # The limit comes from the platform profile's slurm block; the resume's --time-limit overrides
+    # it. So that the job is over its limit on a machine of any speed, its bench is held (SIGSTOP)
+    # once its first repeat is recorded: a run that takes longer than the job was given. Slurm
+    # continues and signals it at the limit, as it does a job's every process.
     profile = yaml.safe_load((ROOT / "bench" / "profiles" / "cpu.yaml").read_text())
     (tmp_path / "platforms").mkdir()
-    (tmp_path / "platforms" / "cpu.yaml").write_text(yaml.safe_dump({**profile, "slurm": {"time_limit": "1"}}))
+    (tmp_path / "platforms" / "cpu.yaml").write_text(yaml.safe_dump({**profile, "slurm": {"time_limit": "2"}}))
     p = bench("run", str(one_cell(tmp_path)), "--executor", "slurm", "--results",
               str(tmp_path / "r"), "--run-id", "limit", env=slurm)
+    slices = tmp_path / "r" / ".slurm-limit" / "slices"
+
+    def first_repeat_recorded() -> bool:
+        return any(line and not RunRecord.model_validate_json(line).interrupted
+                   for f in slices.glob("*/limit/runs.jsonl") for line in f.read_text().splitlines())
+
+    wait_until(first_repeat_recorded, 300, "the job's first repeat recorded")
+    pid = job_bench(slices)
+    assert pid is not None, "the job's bench is not running"
+    os.kill(pid, signal.SIGSTOP)
     output, _ = p.communicate(timeout=600)
     assert p.returncode == 1, output
     run_dir = tmp_path / "r" / "limit"
@@ -120,6 +144,7 @@ def test_a_job_over_its_time_limit_shows_as_such_and_resume_completes_its_cell(s
     assert "--resume" in output and squeue(slurm, "limit") == []
     before = [r for r in map(RunRecord.model_validate_json, (run_dir / "runs.jsonl").read_text().splitlines())
               if not r.interrupted]
+    assert [r.repeat for r in before] == [1]
     p = bench("run", "--resume", str(run_dir), "--executor", "slurm", "--time-limit", "10", env=slurm)
     output, _ = p.communicate(timeout=600)
     assert p.returncode == 0, output
@@ -128,7 +153,7 @@ def test_a_job_over_its_time_limit_shows_as_such_and_resume_completes_its_cell(s
     runs = [RunRecord.model_validate_json(x) for x in (run_dir / "runs.jsonl").read_text().splitlines()]
     done = [r for r in runs if not r.interrupted]
     assert sorted(r.repeat for r in done) == [1, 2]
-    # A repeat that finished before the limit was kept, not run again.
+    # The repeat that finished before the limit was kept, not run again.
     assert {(r.repeat, r.server.started_at) for r in before} <= {(r.repeat, r.server.started_at) for r in done}
     cells = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
     assert [(c.verdict, c.runs) for c in cells] == [("pass", 2)]
