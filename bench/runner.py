@@ -102,7 +102,6 @@ def run_one(
     requests_s = None
     reference = None
     metrics = None
-    interrupted = False
     probe = config.reference_text
     top_k = config.comparison.top_k if config.comparison.mode == "logprobs" else None
     try:
@@ -126,12 +125,12 @@ def run_one(
     except BootError:
         pass  # the outcome says how; judged below like any other run
     except Stopped:
-        interrupted = True
+        pass  # an interrupted run: below
     finally:
-        # A stop that came while the server ran or stopped may have reached the server as well
-        # (at a job's time limit Slurm signals every process of the job): how it then booted or
-        # exited is not its own doing, so the run is interrupted, to be run again, not judged.
-        interrupted = interrupted or stop.stopped
+        # Interrupted also when the stop came while the server booted or stopped, after the waits
+        # that watch for it: it may have reached the server as well (at a job's time limit Slurm
+        # signals every process of the job), so how it then booted or exited is not its own doing.
+        interrupted = stop.stopped
         # Also on the way out of an error (results that cannot be written): what is known of
         # the run is recorded if it can be.
         outcome = server.outcome
