@@ -146,7 +146,6 @@ def test_a_stopped_schedule_hands_out_nothing(minimal):
         stop.check()
 
 
-
 class SignalledToo(Live):
     """A server that, like every process of a Slurm job at its time limit, is signalled along with
     the bench: the stop comes while it boots or while it stops, and its exit shows it."""
