@@ -263,7 +263,7 @@ def _slurm_finished(run: SlurmRun) -> int:
 def _run_on_slurm(args: argparse.Namespace, config: Config, cells: list, run_id: str) -> int:
     _interrupt_on_sigterm()
     try:
-        return _slurm_finished(slurm.start(config, Path(args.config), cells, run_id, Path(args.results),
+        return _slurm_finished(slurm.start(config, cells, run_id, Path(args.results),
                                            _slurm_options(args), _slurm_status))
     except SlurmError as exc:
         raise ConfigError(str(exc)) from None

@@ -2,7 +2,9 @@
 
 matrix → cells → one `sbatch` per cell (the one-slice `regbench run --cell ID --run-id RUN` into
 a slice folder on a path every node shares) → followed with squeue/scontrol → slices merged
-(bench.store.merge) → one report.
+(bench.store.merge) → one report. The jobs run the matrix the submitting command resolved
+(`--image` overrides included), written once as `.slurm-RUN/config.yaml` beside the results:
+never the matrix file again, which may have changed or be read differently by then.
 
 Why Slurm's own commands and no client library: sbatch, squeue, scontrol and scancel are the
 interface every Slurm site keeps stable and documents, and they are what a user debugging a stuck
@@ -43,7 +45,7 @@ from bench.core.records import JOB_DONE_STATES, JobRecord, Summary
 from bench.core.stop import StopToken
 from bench.store.merge import merge
 from bench.store.publish import regenerate
-from bench.store.results import ResultsDir
+from bench.store.results import ResultsDir, write_config
 
 POLL_S = 2.0
 CANCEL_WAIT_S = 120.0
@@ -251,7 +253,7 @@ class Submission(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    config: str  # the matrix file, absolute: the jobs read it from the shared filesystem
+    config: str  # the matrix as the submitting command resolved it (state dir's config.yaml): what every job runs
     run_id: str
     results: str
     options: dict
@@ -299,13 +301,19 @@ class SlurmRun:
 Status = Callable[[str], None]
 
 
-def start(config: Config, matrix: Path, cells: Sequence[Cell], run_id: str, results: Path, options: SlurmOptions,
+def start(config: Config, cells: Sequence[Cell], run_id: str, results: Path, options: SlurmOptions,
           status: Status) -> SlurmRun:
-    """One job per cell, followed, merged into results/RUN."""
-    results, matrix = results.resolve(), matrix.resolve()
+    """One job per cell, followed, merged into results/RUN. `config` is the matrix as the
+    submitting command resolved it (--image overrides, profiles, absolute paths): it is written
+    once into the run's state folder on the shared path, and every job, first or resubmitted,
+    runs that file, never the matrix file it came from."""
+    results = results.resolve()
     root = state_dir(results, run_id)
     if (results / run_id).exists() or root.exists():
         raise SlurmError(f"results directory {results / run_id} exists already")
+    root.mkdir(parents=True)
+    matrix = root / "config.yaml"
+    write_config(matrix, config)
     save_submission(root, Submission(config=str(matrix), run_id=run_id, results=str(results),
                                      options=dataclasses.asdict(options), cells=[c.id for c in cells]))
     return _submit_and_follow(config, matrix, [(c, i, 1) for i, c in enumerate(cells)], [], root, run_id, results,

@@ -8,6 +8,7 @@ interrupted while its jobs run.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -48,11 +49,17 @@ def bench(*args: str, env: dict) -> subprocess.Popen:
 
 
 def test_the_smoke_matrix_as_slurm_jobs_gives_the_local_verdicts_on_both_nodes(slurm, tmp_path):
+    # An --image override (the local launcher records the reference and runs the image's venv):
+    # the jobs must run the matrix as the submitting command resolved it, not the file again.
     p = bench("run", str(SMOKE), "--executor", "slurm", "--gpus-per-job", "1", "--results", str(tmp_path),
-              "--run-id", "slurm-smoke", env=slurm)
+              "--run-id", "slurm-smoke", "--image", "streamer-0.16.0=regbench.test/vllm:0.16.0", env=slurm)
     output, _ = p.communicate(timeout=1800)
     assert p.returncode == 1, output  # the streamer bug's cell fails, as in a local run
     run_dir = tmp_path / "slurm-smoke"
+    slices = tmp_path / ".slurm-slurm-smoke" / "slices"
+    ran = [yaml.safe_load(f.read_text()) for f in sorted(slices.glob("*/slurm-smoke/config.yaml"))]
+    assert len(ran) == 4
+    assert all({i["name"]: i["ref"] for i in c["images"]}["streamer-0.16.0"] == "regbench.test/vllm:0.16.0" for c in ran)
     cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
     assert (cells[STREAMER_BUG].verdict, cells[STREAMER_BUG].runs) == ("fail", 2)
     assert "empty_text" in cells[STREAMER_BUG].reasons
@@ -65,7 +72,7 @@ def test_the_smoke_matrix_as_slurm_jobs_gives_the_local_verdicts_on_both_nodes(s
     # Jobs on both nodes at once: two servers' lives overlap.
     runs = [RunRecord.model_validate_json(x) for x in (run_dir / "runs.jsonl").read_text().splitlines()]
     spans = sorted((r.server.started_at, r.server.ended_at) for r in runs)
-    assert any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])), "never two servers at once"
+    assert any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans)), "never two servers at once"
     assert squeue(slurm, "slurm-smoke") == []
     assert "Performance" in (run_dir / "summary.md").read_text()
 

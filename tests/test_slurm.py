@@ -23,7 +23,8 @@ def cells():
 
 def test_scontrol_records_are_read_by_key():
     fields = parse_scontrol(SCONTROL)
-    assert (fields["JobState"], fields["Reason"], fields["ExitCode"], fields["NodeList"]) == ("TIMEOUT", "TimeLimit", "0:15", "n2")
+    assert (fields["JobState"], fields["Reason"], fields["ExitCode"], fields["NodeList"]) == \
+        ("TIMEOUT", "TimeLimit", "0:15", "n2")
 
 
 def test_the_batch_script_runs_one_cell_into_its_slice_and_keeps_slurms_devices(tmp_path):
@@ -106,3 +107,41 @@ def test_a_platform_profiles_slurm_block_gives_the_defaults_and_flags_win():
     assert "--partition=x" in sbatch_args(cell, "r1", Path("/s"), SlurmOptions(partition="x").over(lab.slurm), True)
     with pytest.raises(ValidationError, match="partiton"):
         Platform.model_validate({"name": "lab", "slurm": {"partiton": "h200"}})
+
+
+def test_jobs_run_the_matrix_the_submitting_command_resolved_image_overrides_included(tmp_path):
+    """`run --image` under Slurm: each job's script runs a config file holding the overridden
+    reference, written once into the run's state folder, and never the matrix file given."""
+    import os
+    import shlex
+    import sys
+
+    from .support import ROOT
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    # sbatch keeps each job's script and answers a job id; scontrol says the job completed.
+    (fake / "sbatch").write_text(f'#!/bin/bash\nn=$(ls {scripts} | wc -l)\ncat > {scripts}/job-$((n + 1)).sh\n'
+                                 'echo $((n + 1))\n')
+    (fake / "scontrol").write_text('#!/bin/bash\necho "JobId=$4 JobState=COMPLETED Reason=None ExitCode=0:0 NodeList=n1"\n')
+    (fake / "squeue").write_text("#!/bin/bash\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    cell = next(c for c in cells() if c.image.name == "streamer-0.16.0")
+    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "run", str(SMOKE), "--executor", "slurm", "--cell", cell.id,
+         "--image", "streamer-0.16.0=registry.example/vllm:0.16.0", "--results", str(tmp_path / "r"), "--run-id", "r1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "submitted job 1" in done.stderr, done.stdout + done.stderr
+    (script,) = [p.read_text() for p in scripts.iterdir()]
+    assert str(SMOKE) not in script
+    fresh = next(shlex.split(line) for line in script.splitlines() if "--run-id" in line)
+    ran = Path(fresh[fresh.index("run") + 1])
+    assert ran == tmp_path / "r" / ".slurm-r1" / "config.yaml"
+    refs = {i.name: i.ref for i in load_config(ran).images}
+    assert refs == {"streamer-0.16.0": "registry.example/vllm:0.16.0", "streamer-0.17.0": None}
+    # The cell the job runs is the one submitted, in the file it is given.
+    assert cell.id in [c.id for c in expand(load_config(ran))]

@@ -103,11 +103,7 @@ class ResultsDir:
         path = root / run_id
         path.mkdir(parents=True, exist_ok=False)
         out = cls(path, redactor_for(config.server.env_passthrough))
-        # A secret written into the matrix itself is masked in the copy (a resumed run then
-        # needs it from the environment, where it belongs). Masked value by value, not in the
-        # YAML text: "[REDACTED]" unquoted would read back as a list.
-        data = _map_strings(config.model_dump(mode="json"), out.redactor.text)
-        (path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        write_config(path / "config.yaml", config, out.redactor)
         return out
 
     def run_dir(self, cell_id: str, repeat: int) -> Path:
@@ -199,6 +195,17 @@ class ResultsDir:
             os.fsync(f.fileno())
         os.replace(tmp, self.path / name)
 
+
+
+def write_config(path: Path, config: Config, redactor: Redactor | None = None) -> None:
+    """The matrix as resolved (paths absolute, profiles and overrides applied), as YAML that
+    ``load_config`` and ``ResultsDir.config`` read back to the same matrix. A secret written into
+    the matrix itself is masked in the copy (a resumed run then needs it from the environment,
+    where it belongs). Masked value by value, not in the YAML text: "[REDACTED]" unquoted would
+    read back as a list."""
+    redactor = redactor or redactor_for(config.server.env_passthrough)
+    data = _map_strings(config.model_dump(mode="json"), redactor.text)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
 def _map_strings(data, f):
