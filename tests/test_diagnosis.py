@@ -219,3 +219,29 @@ def test_a_missing_cxx_compiler_matches_the_container_that_died_on_prompt_logpro
     healthy = evidence(cell("safetensors", "s17", "fail", {"server_died": 1}), "safetensors",
                        ["vllm-0.32-safetensors-healthy.log"])
     assert "inductor-no-cxx-compiler" not in [m.signature for m in diagnose_cell(healthy, list(SIGNATURES.values())).matches]
+
+
+def test_the_noise_of_a_normal_shutdown_is_not_evidence_but_the_same_error_while_serving_is(tmp_path):
+    """The EngineDeadError vLLM prints on every SIGTERM (bench.core.judge.is_benign) is left out of
+    the diagnosis's server-log evidence; before the stop request it is the engine dying, and kept."""
+    import json
+
+    from bench.store.publish import regenerate
+
+    from . import synth
+
+    text = log("vllm-0.32-shutdown-engine-dead.log")
+    stop_at = len(text[:text.index("[shutdown] API server: shutdown triggered")].rsplit("\n", 1)[0].encode()) + 1
+    for run_id, at in (("stopped", stop_at), ("died", None)):
+        results = synth.create(tmp_path, run_id, synth.matrix(repeats=1))
+        synth.fingerprint(results, "img", runai_model_streamer="0.16.0")
+        synth.add_run(results, "m__safetensors__cpu__img", 1)
+        synth.add_run(results, "m__runai_streamer__cpu__img", 1, ids=[0] * 128, text="", findings=[synth.EMPTY],
+                      log=text, stop_at=at)
+        regenerate(results.path)
+        (d,) = json.loads((results.path / "diagnosis.json").read_text())["cells"]
+        dead = [line for line in d["log_evidence"] if "EngineDeadError" in line]
+        if at is None:
+            assert dead, d["log_evidence"]
+        else:
+            assert dead == [] and "EngineDeadError" not in (results.path / "summary.md").read_text()

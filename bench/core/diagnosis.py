@@ -54,7 +54,9 @@ class CellEvidence(_Strict):
     vllm_load_format: str
     env: dict[str, str] = {}  # the server's environment as configured (server, image, load format)
     contrast: Contrast | None = None
-    logs: list[LogFacts] = []  # one per judged run
+    # One per judged run. The logs are read without the normal-shutdown noise the judge ignores
+    # (bench.store.evidence): that is no evidence, here or in `log` patterns.
+    logs: list[LogFacts] = []
     log_text: str = ""  # the judged runs' server logs, as much as was read (for `log` patterns)
     fingerprint: Fingerprint | None = None
     inspect: PreflightRecord | None = None

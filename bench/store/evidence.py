@@ -9,6 +9,7 @@ from pathlib import Path
 from bench.core.config import Config
 from bench.core.contrast import contrast
 from bench.core.diagnosis import CellEvidence, Diagnosis, diagnose, load_signatures
+from bench.core.judge import exit_time_episodes, is_benign
 from bench.core.logfacts import log_facts
 from bench.core.matrix import Cell, expand
 from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
@@ -18,12 +19,28 @@ LOG_BYTES = 512 * 1024  # per run: the end of a longer log (where loading and fa
 
 
 def _log(results_path: Path, run: RunRecord) -> str:
+    """The end of a run's server log, without what the judge knows to be the noise of a normal
+    shutdown (bench.core.judge.is_benign, over the episodes after the stop request): it is not
+    evidence of anything. Before the stop request nothing is dropped: an EngineDeadError while the
+    server was serving is its engine dying."""
     path = (results_path / run.server.log_path).resolve()
     if not path.is_relative_to(results_path.resolve()) or not path.is_file():
         return ""
     size = path.stat().st_size
     start = max(0, size - LOG_BYTES)
-    return read_log_bytes(path, start, size - start).decode("utf-8", errors="replace")
+    stop = run.server.stop_requested_at_byte
+    cut = size if stop is None else min(size, max(start, stop))
+    before = read_log_bytes(path, start, cut - start).decode("utf-8", errors="replace")
+    after = read_log_bytes(path, cut, size - cut).decode("utf-8", errors="replace")
+    return before + without_shutdown_noise(after)
+
+
+def without_shutdown_noise(shutdown_log: str) -> str:
+    """The log after the stop request with each episode the judge calls benign cut out."""
+    for episode in exit_time_episodes(shutdown_log):
+        if is_benign(episode):
+            shutdown_log = shutdown_log.replace(episode, "", 1)
+    return shutdown_log
 
 
 def gather(
