@@ -333,3 +333,20 @@ def test_hash_tensors_reports_a_file_that_shrank(tmp_path):
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(OSError, match="ends before"):
         hash_tensors(tmp_path, report.shards)
+
+
+def test_inspect_names_the_stream_stops_releases_from_the_signature_library(tmp_path, capsys):
+    """One source: the measured ranges of bench/signatures/runai-empty-shard-stream-stop.yaml,
+    in the problem (what the pre-flight records) and in the table, and no other range."""
+    from bench.core.diagnosis import shipped_releases, stream_stop_releases
+
+    write_checkpoint(tmp_path, [0, 2, 3])
+    (risk,) = [p for p in inspect_checkpoint(tmp_path).problems if p.kind == "stream_stop_risk" and
+               p.message.startswith("sorted")]
+    said = stream_stop_releases()
+    assert risk.message.endswith(f"({said})")
+    assert "silent in 0.13.3 and 0.15.0–0.16.0" in said and "fixed in 0.16.1" in said
+    assert shipped_releases().regime("0.14.0") == "loud"  # the range upstream cites is not all silent
+    assert main(["inspect", str(tmp_path)]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"stream stop ({said}):" in text and "0.14.0-0.16.0" not in text

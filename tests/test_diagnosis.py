@@ -125,7 +125,7 @@ def test_empty_shard_stream_stop_does_not_match_a_healthy_streamer_or_another_lo
     # It can still be named, but everything specific speaks against it.
     (m,) = d.matches
     assert m.score <= 0 and {e.says for e in m.contradicts} >= {
-        "the server's Runai Model Streamer loader completed 272/272", "runai_model_streamer 0.17.0 (outside ≤ 0.16.0)"}
+        "the server's Runai Model Streamer loader completed 272/272", "runai_model_streamer 0.17.0 (fixed in 0.16.1 and later)"}
     plain = evidence(cell("safetensors", "s16", "fail", BUG), "safetensors", ["vllm-0.32-safetensors-healthy.log"])
     assert first(plain) is None
 
@@ -245,3 +245,57 @@ def test_the_noise_of_a_normal_shutdown_is_not_evidence_but_the_same_error_while
             assert dead, d["log_evidence"]
         else:
             assert dead == [] and "EngineDeadError" not in (results.path / "summary.md").read_text()
+
+
+def release_map() -> list[tuple[str, str, str]]:
+    """(first, last, outcome) of each row of the README's measured release map."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = readme[readme.index("| releases | outcome |"):].split("\n\n", 1)[0]
+    rows = []
+    for line in table.splitlines()[2:]:
+        releases, outcome = (c.strip() for c in line.strip("|").split("|", 1))
+        first, _, last = (r.strip() for r in releases.partition("–"))
+        rows.append((first, last or first, outcome))
+    return rows
+
+
+def test_the_stream_stops_releases_are_written_once_and_agree_with_the_measured_map():
+    sig = SIGNATURES["runai-empty-shard-stream-stop"]
+    releases = sig.releases
+    assert releases is not None
+    regime = {"loses weights silently": "silent", "passes": "fixed"}
+    rows = release_map()
+    assert len(rows) == 5
+    for first, last, outcome in rows:
+        want = regime.get(outcome, "loud" if outcome.startswith("fails loudly") else outcome)
+        assert (releases.regime(first), releases.regime(last)) == (want, want), (first, last, outcome)
+    # The texts are derived from it: the explanation, the first fix, README's first paragraph.
+    assert releases.describe() in sig.explanation and "{releases}" not in sig.explanation
+    assert sig.fixes[0].startswith(f"Upgrade runai-model-streamer to {releases.fixed_in} or later")
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    first_paragraph = " ".join(next(p for p in readme.split("\n\n") if p.startswith("The motivating case")).split())
+    assert f"runai-model-streamer ({releases.silent_text()}, its #157; fixed in {releases.fixed_in})" in first_paragraph
+    assert f"release by release, see *Which version broke it*: {releases.describe()}" in " ".join(readme.split())
+
+
+@pytest.mark.parametrize(("version", "holds", "says"), [
+    ("0.13.3", True, "loses data silently in 0.13.3 and 0.15.0–0.16.0"),
+    ("0.16.0", True, "loses data silently in 0.13.3 and 0.15.0–0.16.0"),
+    ("0.14.0", False, "fails loudly in 0.13.0–0.13.2 and 0.13.4–0.14.0"),
+    ("0.17.0", False, "fixed in 0.16.1 and later"),
+    ("0.12.0", None, "older than every release measured"),
+])
+def test_the_release_condition_reads_the_signatures_own_ranges(version, holds, says):
+    sig = SIGNATURES["runai-empty-shard-stream-stop"]
+    (condition,) = [c for c in sig.support if c.release is not None]
+    ev = evidence(cell("runai_streamer", "s", "fail", BUG), "runai_streamer", [],
+                  fingerprint=Fingerprint(image="s", runai_model_streamer=version))
+    assert condition.check(ev, sig.releases) == (holds, f"runai_model_streamer {version} ({says})")
+
+
+def test_a_release_condition_needs_the_signatures_releases():
+    base = {"id": "x", "title": "x", "explanation": "x", "fixes": ["x"], "require": [{"release": "silent"}]}
+    with pytest.raises(ValueError, match="needs the signature's `releases`"):
+        Signature.model_validate(base)
+    with pytest.raises(ValueError, match="not a release or a range"):
+        Signature.model_validate({**base, "releases": {"package": "vllm", "silent": ["0.1..0.2"], "fixed_in": "0.3"}})

@@ -43,7 +43,7 @@ def test_the_cause_is_named_from_contrast_log_and_fingerprint_alone(no_preflight
     assert d.contrast.startswith("fails only with image=streamer-0.16.0; passes with image=streamer-0.17.0")
     says = " | ".join(e.says for e in m.supports)
     assert "stopped at 0/21" in says
-    assert "runai_model_streamer 0.16.0 (within ≤ 0.16.0)" in says
+    assert "runai_model_streamer 0.16.0 (loses data silently in 0.13.3 and 0.15.0–0.16.0)" in says
 
 
 def test_diagnose_confirm_runs_the_skipped_audit_and_prints_a_reproduction(no_preflight):

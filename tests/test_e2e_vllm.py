@@ -60,8 +60,8 @@ def test_the_diagnosis_names_the_empty_shard_stream_stop_with_its_evidence(smoke
     m = d.matches[0]
     assert m.signature == "runai-empty-shard-stream-stop" and m.contradicts == [] and m.unknown == []
     says = " | ".join(e.says for e in m.supports)
-    for evidence in ("stopped at 0/21", "runai_model_streamer 0.16.0 (within ≤ 0.16.0)", "empty shard model-00001",
-                     "0/21 tensors delivered"):
+    for evidence in ("stopped at 0/21", "runai_model_streamer 0.16.0 (loses data silently in 0.13.3 and 0.15.0–0.16.0)",
+                     "empty shard model-00001", "0/21 tensors delivered"):
         assert evidence in says, says
     assert m.fixes[0].startswith("Upgrade runai-model-streamer to 0.16.1")
     md = (run_dir / "summary.md").read_text()

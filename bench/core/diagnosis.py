@@ -15,8 +15,10 @@ matches nothing gets its evidence and "no known signature", never an invented ca
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -41,10 +43,67 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+PACKAGE = r"^(vllm|runai_model_streamer|torch|cuda|python)$"  # a Fingerprint field
+
+
 class VersionRange(_Strict):
-    package: str = Field(pattern=r"^(vllm|runai_model_streamer|torch|cuda|python)$")  # a Fingerprint field
+    package: str = Field(pattern=PACKAGE)
     at_least: str | None = None
     at_most: str | None = None
+
+
+_RELEASES = re.compile(r"^\d+(?:\.\d+)*(?:-\d+(?:\.\d+)*)?$")
+
+
+class Releases(_Strict):
+    """A known issue's releases, as measured: those that lose data silently, those that fail
+    loudly, and the first fixed one. The one place these ranges are written: the signature's
+    explanation and fixes (``{releases}``, ``{fixed_in}``), its ``release`` conditions, and
+    `inspect`'s and the pre-flight's wording (``stream_stop_releases``) are derived from it.
+    A range is "A" or "A-B", both ends included."""
+
+    package: str = Field(pattern=PACKAGE)
+    silent: list[str] = Field(min_length=1)
+    loud: list[str] = []
+    fixed_in: str
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Releases:
+        bad = [r for r in (*self.silent, *self.loud, self.fixed_in) if not _RELEASES.match(r)]
+        if bad:
+            raise ValueError(f"not a release or a range A-B of releases: {bad}")
+        return self
+
+    @staticmethod
+    def _within(version: tuple[int, ...], ranges: list[str]) -> bool:
+        for r in ranges:
+            lo, _, hi = r.partition("-")
+            if _version(lo) <= version <= _version(hi or lo):
+                return True
+        return False
+
+    def regime(self, version: str) -> str:
+        """"silent", "loud", "fixed", or "unknown" (older than every measured range)."""
+        v = _version(version)
+        if self._within(v, self.silent):
+            return "silent"
+        if self._within(v, self.loud):
+            return "loud"
+        return "fixed" if v >= _version(self.fixed_in) else "unknown"
+
+    @staticmethod
+    def text_of(ranges: list[str]) -> str:
+        shown = [r.replace("-", "–") for r in ranges]
+        return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+    def describe(self) -> str:
+        """"silent in 0.13.3 and 0.15.0–0.16.0, loud in 0.13.0–0.13.2 and 0.13.4–0.14.0, fixed in 0.16.1"."""
+        loud = f", loud in {self.text_of(self.loud)}" if self.loud else ""
+        return f"silent in {self.text_of(self.silent)}{loud}, fixed in {self.fixed_in}"
+
+    def silent_text(self) -> str:
+        """"0.13.3 and 0.15.0–0.16.0"."""
+        return self.text_of(self.silent)
 
 
 class CellEvidence(_Strict):
@@ -74,6 +133,8 @@ class Condition(_Strict):
     contrast_axis: str | None = None  # the contrast separates the cell on this axis
     loader_short: str | None = None  # a weight loader whose name contains this stopped short of its total
     version: VersionRange | None = None  # the environment's version of a package is in range
+    # The environment's version of the signature's `releases` package is in this regime of them.
+    release: Literal["silent", "loud", "fixed"] | None = None
     empty_shards: bool | None = None  # the pre-flight inspect found empty shards (stream-stop risk)
     audit_lost: bool | None = None  # the pre-flight audit lost tensors
     audit_problem: str | None = None  # a regex over the audit's problems
@@ -88,10 +149,11 @@ class Condition(_Strict):
             raise ValueError("a condition has exactly one key")
         return self
 
-    def check(self, ev: CellEvidence) -> tuple[bool | None, str]:
-        """(holds, what the evidence says); holds is None when the evidence cannot tell."""
+    def check(self, ev: CellEvidence, releases: Releases | None = None) -> tuple[bool | None, str]:
+        """(holds, what the evidence says); holds is None when the evidence cannot tell.
+        `releases`: the signature's, for `release` conditions."""
         if self.any is not None:
-            results = [c.check(ev) for c in self.any]
+            results = [c.check(ev, releases) for c in self.any]
             hit = next((r for r in results if r[0]), None)
             if hit is not None:
                 return hit
@@ -126,6 +188,18 @@ class Condition(_Strict):
             bounds = " and ".join(x for x in ((f"≥ {r.at_least}" if r.at_least else ""),
                                                (f"≤ {r.at_most}" if r.at_most else "")) if x)
             return ok, f"{r.package} {value} ({'within' if ok else 'outside'} {bounds})"
+        if self.release is not None:
+            if releases is None:
+                return None, "the signature lists no releases"
+            value = getattr(ev.fingerprint, releases.package, None) if ev.fingerprint else None
+            if value is None:
+                return None, f"{releases.package} version unknown"
+            regime = releases.regime(str(value))
+            said = {"silent": f"loses data silently in {releases.silent_text()}",
+                    "loud": f"fails loudly in {releases.text_of(releases.loud)}" if releases.loud else "fails loudly",
+                    "fixed": f"fixed in {releases.fixed_in} and later",
+                    "unknown": "older than every release measured"}[regime]
+            return (None if regime == "unknown" else regime == self.release), f"{releases.package} {value} ({said})"
         if self.empty_shards is not None:
             if ev.inspect is None or ev.inspect.skipped:
                 return None, "no pre-flight inspect"
@@ -169,6 +243,35 @@ class Signature(_Strict):
     explanation: str
     fixes: list[str] = Field(min_length=1)
     confirm: str | None = None  # a command; {model}, {python}, {pythonpath}, {cell}, {config} filled in
+    # The releases measured, if the issue is a package's: {releases} and {fixed_in} in the
+    # explanation and the fixes are filled from it.
+    releases: Releases | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_releases(cls, data: object) -> object:
+        if not isinstance(data, dict) or not isinstance(data.get("releases"), dict):
+            return data
+        try:
+            releases = Releases.model_validate(data["releases"])
+        except ValidationError:
+            return data  # reported where the field itself is validated
+        values = {"releases": releases.describe(), "fixed_in": releases.fixed_in}
+        out = dict(data)
+        if isinstance(out.get("explanation"), str):
+            out["explanation"] = _fill(out["explanation"], values)
+        if isinstance(out.get("fixes"), list):
+            out["fixes"] = [_fill(f, values) if isinstance(f, str) else f for f in out["fixes"]]
+        return out
+
+    @model_validator(mode="after")
+    def _releases_named(self) -> Signature:
+        def uses(cs: list[Condition]) -> bool:
+            return any(c.release is not None or (c.any is not None and uses(c.any)) for c in cs)
+
+        if self.releases is None and uses([*self.require, *self.support]):
+            raise ValueError("a `release` condition needs the signature's `releases`")
+        return self
 
 
 class Evidence(_Strict):
@@ -246,10 +349,10 @@ def _fill(template: str, values: dict[str, str]) -> str:
 def diagnose_cell(ev: CellEvidence, signatures: list[Signature]) -> CellDiagnosis:
     matches = []
     for sig in signatures:
-        required = [(c, *c.check(ev)) for c in sig.require]
+        required = [(c, *c.check(ev, sig.releases)) for c in sig.require]
         if any(holds is False for _, holds, _ in required) or not any(holds for _, holds, _ in required):
             continue
-        checked = required + [(c, *c.check(ev)) for c in sig.support]
+        checked = required + [(c, *c.check(ev, sig.releases)) for c in sig.support]
         ev_of = [Evidence(condition=_condition_text(c), holds=h, says=s) for c, h, s in checked]
         supports = [e for e in ev_of if e.holds]
         contradicts = [e for e in ev_of if e.holds is False]
@@ -282,6 +385,22 @@ def diagnose(evidence: list[CellEvidence], signatures: list[Signature]) -> Diagn
 
 
 SHIPPED_SIGNATURES = Path(__file__).resolve().parent.parent / "signatures"
+
+
+STREAM_STOP = "runai-empty-shard-stream-stop"
+
+
+@functools.cache
+def shipped_releases(signature_id: str = STREAM_STOP) -> Releases:
+    """A shipped signature's measured releases: what `inspect` and the pre-flight say of #157."""
+    releases = next(s.releases for s in load_signatures() if s.id == signature_id)
+    assert releases is not None, f"{signature_id} lists no releases"
+    return releases
+
+
+def stream_stop_releases() -> str:
+    """runai-model-streamer #157's releases, worded once for every text that names them."""
+    return f"runai-model-streamer #157: {shipped_releases().describe()}"
 
 
 def load_signatures(*folders: Path) -> list[Signature]:

@@ -1,7 +1,8 @@
 """Weight audit: stream every tensor through the real loader and compare it with the files.
 
-Why: a loader can lose tensors without an error. runai-model-streamer 0.14.0-0.16.0 stops
-streaming at an empty shard that begins a request (#157) and the server still boots, from
+Why: a loader can lose tensors without an error. runai-model-streamer stops streaming at an
+empty shard that begins a request in the releases its #157 affects (measured: 0.13.3 and
+0.15.0-0.16.0; bench/signatures/runai-empty-shard-stream-stop.yaml) and the server still boots, from
 whatever the model initialised the missing weights to; only the outputs say something is wrong,
 much later. The audit checks the loader itself, before any server: every tensor of the files
 must arrive exactly once, with the file's bytes, dtype and shape, whatever order the files come

@@ -3,9 +3,10 @@
 Why this exists: vLLM's loaders disagree about which files make up a checkpoint. The default
 loader trusts model.safetensors.index.json; the runai_streamer loader streams every
 ``*.safetensors`` of the directory in listing order (an unsorted glob). A checkpoint whose index
-and files disagree, or whose empty shards sit where runai-model-streamer 0.14.0-0.16.0 stops
-streaming (its #157), therefore loads differently depending on the load format, and the
-difference can be silent. The inspector finds those layouts before a server is ever booted.
+and files disagree, or whose empty shards sit where runai-model-streamer stops streaming in the
+releases its #157 affects (measured ranges: bench/signatures/runai-empty-shard-stream-stop.yaml),
+therefore loads differently depending on the load format, and the difference can be silent.
+The inspector finds those layouts before a server is ever booted.
 
 Only headers are read (8 bytes of length, then JSON): no torch, no weights in memory, so it runs
 in the bench's own venv. The one place that reads tensor bytes is ``hash_tensors``, the baseline
@@ -33,6 +34,8 @@ from pydantic import BaseModel, ConfigDict
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from bench.core.diagnosis import stream_stop_releases
 
 INDEX_NAME = "model.safetensors.index.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -138,8 +141,8 @@ class Problem(Record):
 
 class StreamStop(Record):
     """Where a stream of the files stops early, for one order of them: predicted from the headers
-    by ``stream_stop`` (runai-model-streamer 0.14.0-0.16.0, #157), or seen by the audit
-    (``observed_stop``). ``describe`` is the one wording both `inspect` and `audit` print."""
+    by ``stream_stop`` (runai-model-streamer #157, the releases that lose tensors silently), or
+    seen by the audit (``observed_stop``). ``describe`` is the one wording both `inspect` and `audit` print."""
 
     order: str  # "sorted", "listing"; the audit's orders also "reversed", "shuffleN"
     files: list[str]  # every shard, in the order streamed
@@ -314,12 +317,13 @@ def _stop_index(shards: Sequence[Shard]) -> int | None:
 
 
 def stream_stop(order: str, shards: Sequence[Shard]) -> StreamStop:
-    """Replays FilesRequestsIterator.next_request of runai-model-streamer 0.14.0-0.16.0 on the
-    shards in the given order. A file that streams no bytes ends the request it is in and is
-    consumed; a request that *begins* at such a file is returned as None, which the streamer takes
-    for the end of the stream. Requests begin at the first file, after every empty file, and within
-    a file when the memory limit splits it, so the trigger is an empty first file or two in a row
-    whatever the limit is. Everything from the trigger on is lost, silently."""
+    """Replays FilesRequestsIterator.next_request of the runai-model-streamer releases that lose
+    tensors silently (#157; ``stream_stop_releases``) on the shards in the given order. A file
+    that streams no bytes ends the request it is in and is consumed; a request that *begins* at
+    such a file is returned as None, which the streamer takes for the end of the stream. Requests
+    begin at the first file, after every empty file, and within a file when the memory limit
+    splits it, so the trigger is an empty first file or two in a row whatever the limit is.
+    Everything from the trigger on is lost, silently."""
     stop_at = _stop_index(shards)
     lost = [] if stop_at is None else [s for s in shards[stop_at:] if s.tensors]
     return StreamStop(
@@ -485,8 +489,7 @@ def _index_problems(shards: Sequence[Shard], index: IndexInfo | None, weight_map
 def _stop_problem(stop: StreamStop) -> Problem:
     return Problem(
         kind="stream_stop_risk", files=stop.lost_files,
-        message=(f"{stop.order} order: {stop.describe()} (runai-model-streamer #157: silent in "
-                 f"0.14.0-0.16.0, fixed in 0.16.1)"),
+        message=f"{stop.order} order: {stop.describe()} ({stream_stop_releases()})",
     )
 
 
@@ -664,7 +667,7 @@ def render(report: CheckpointReport) -> list[RenderableType]:
     lines = [Text(f"dtypes: {dtypes or 'none'}"), Text(f"scale tensors: {scales or 'none'}")]
     lines += [Text("quantization: " + ("; ".join(
         f"{q.source}: {q.method or '(no method named)'}" for q in report.quantization) or "none"))]
-    lines.append(Text("runai-model-streamer 0.14.0-0.16.0 stream stop (#157):"))
+    lines.append(Text(f"stream stop ({stream_stop_releases()}):"))
     for stop in report.stream_stops:
         if stop.risk:
             lines.append(Text(f"  {stop.order:8} {stop.describe()}", style="red"))
