@@ -234,8 +234,33 @@ def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     finally:
         progress.stop()
     out.print(table(summary))
+    _print_causes(results.path)
     out.print(f"results: {results.path}", highlight=False)
     return summary.exit_code
+
+
+def cause_lines(diagnosis: Diagnosis, results: Path) -> list[str]:
+    """One line per failing cell for the console: the likely cause, its signature id and the
+    command that confirms it (summary.md's Diagnosis has the evidence for and against)."""
+    lines = []
+    for d in diagnosis.cells:
+        cause = next((m for m in d.matches if not m.symptom_only), None)
+        if cause is None:
+            symptom = f" (symptom seen: {d.matches[0].signature})" if d.matches else ""
+            lines.append(f"{d.cell_id}: no known cause{symptom}; evidence: regbench diagnose {results}")
+            continue
+        confirm = cause.confirm or f"regbench run {results / 'config.yaml'} --cell {d.cell_id}"
+        lines.append(f"{d.cell_id}: likely cause: {cause.title} [{cause.signature}]; confirm: {confirm}")
+    return lines
+
+
+def _print_causes(results: Path) -> None:
+    try:
+        diagnosis = Diagnosis.model_validate_json((results / "diagnosis.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no diagnosis was written (nothing judged): the table says what there is
+    for line in cause_lines(diagnosis, results):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _slurm_status(text: str) -> None:
@@ -250,6 +275,7 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions:
 
 def _slurm_finished(run: SlurmRun) -> int:
     out.print(table(run.summary))
+    _print_causes(run.results.path)
     out.print(f"results: {run.results.path}", highlight=False)
     if run.stopped:
         return EXIT_INTERRUPTED
