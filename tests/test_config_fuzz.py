@@ -113,12 +113,32 @@ def test_no_matrix_ends_in_a_traceback(tmp_path, config, capsys, fault):
             assert SAFE_ID.match(cell.id) and ".." not in cell.id.split("__")
 
 
+VALID_TEXT = yaml.safe_dump(VALID, allow_unicode=True)
+
+
+@st.composite
+def edited_matrix(draw) -> str:
+    """The valid matrix's YAML with one span replaced by arbitrary text: many edits keep it valid
+    (a prompt's text, a name), many break it (an indent, a colon, a key's name)."""
+    start = draw(st.integers(0, len(VALID_TEXT)))
+    end = draw(st.integers(start, min(len(VALID_TEXT), start + 20)))
+    return VALID_TEXT[:start] + draw(st.text(max_size=20)) + VALID_TEXT[end:]
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(max_size=200))
-def test_arbitrary_text_is_a_config_error_or_valid(tmp_path, text):
+@given(content=st.one_of(st.text(max_size=200), edited_matrix(), st.binary(max_size=200)))
+def test_arbitrary_text_is_a_config_error_or_valid(tmp_path, content):
+    # Either a ConfigError whose message names the file (bytes that are not UTF-8 included), or a
+    # matrix whose cells have ids that are safe as folder names; any other exception fails.
     f = tmp_path / "c.yaml"
-    f.write_text(text, encoding="utf-8", errors="surrogatepass") if "\ud800" not in text else None
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(content, encoding="utf-8")
     try:
-        load_config(f)
-    except ConfigError:
-        pass
+        config = load_config(f)
+    except ConfigError as exc:
+        assert str(exc).startswith(f"{f}: ") and len(str(exc)) > len(f"{f}: "), exc
+        return
+    cells = expand(config)
+    assert cells and all(SAFE_ID.match(c.id) and ".." not in c.id.split("__") for c in cells), cells
