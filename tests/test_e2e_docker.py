@@ -12,7 +12,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import docker
@@ -20,8 +19,11 @@ import pytest
 import yaml
 
 from bench.core.diagnosis import Diagnosis
+from bench.core.logfacts import PHASES
 from bench.core.records import PreflightRecord, RunRecord, Summary
 from bench.serve.launch_docker import LABEL
+
+from .support import wait_for_line, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "cpu-smoke-docker.yaml"
@@ -147,18 +149,21 @@ def test_boot_failure_leaves_no_container(tmp_path, engine, fault):
     config.write_text(yaml.safe_dump(data))
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "dboot")
     output, _ = p.communicate(timeout=600)
-    assert p.returncode == 1, output
+    left = containers_of(engine, "dboot")
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "dboot" / "summary.json").read_text()).cells
+    fault(", ".join(sorted(cell.reasons)), processes_left=len(left))
+    assert p.returncode == 1, output
     assert cell.reasons == {"boot_failed": 1}, cell
-    assert containers_of(engine, "dboot") == []
-    fault("boot_failed", processes_left=len(containers_of(engine, "dboot")))
+    assert left == []
 
 
-def wait_for(predicate, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.3)
+def server_log(tmp_path: Path, run_id: str) -> Path:
+    return tmp_path / "res" / run_id / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
+
+
+def server_container_running(engine, run_id: str) -> bool:
+    """The server's container, not the fingerprint probe's that runs before it."""
+    return any(c.status == "running" and c.name.startswith(f"regbench-{run_id}-") for c in containers_of(engine, run_id))
 
 
 @pytest.mark.fault("server killed mid-request (container)")
@@ -166,48 +171,52 @@ def test_a_crash_while_serving_is_server_died_and_leaves_no_container(tmp_path, 
     prompts = [{"id": f"p{i}", "prompt": f"def f{i}():"} for i in range(12)]
     config = one_cell(tmp_path, prompts=prompts, concurrency=1)
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "dcrash")
-    log = tmp_path / "res" / "dcrash" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
-    wait_for(lambda: log.exists() and "POST /v1/completions" in log.read_text())
+    wait_for_line(server_log(tmp_path, "dcrash"), r"POST /v1/completions", 300, p)
     (container,) = containers_of(engine, "dcrash")
     container.kill()  # the whole server dies mid-workload
     output, _ = p.communicate(timeout=300)
-    assert p.returncode == 1, output
+    left = containers_of(engine, "dcrash")
+    records = [json.loads(x) for x in (tmp_path / "res" / "dcrash" / "requests.jsonl").read_text().splitlines()]
+    # Every request has its record, answered or failed: a prompt with none is a lost record.
+    lost = len({q["id"] for q in prompts} - {q["prompt_id"] for q in records})
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "dcrash" / "summary.json").read_text()).cells
+    fault(", ".join(sorted(cell.reasons)), records_lost=lost, processes_left=len(left))
+    assert p.returncode == 1, output
     assert "server_died" in cell.reasons and "connection_error" in cell.reasons, cell
-    assert containers_of(engine, "dcrash") == []
-    records = (tmp_path / "res" / "dcrash" / "requests.jsonl").read_text().splitlines()
-    assert len(records) == 12  # every request has its record, answered or failed
-    fault(", ".join(sorted(cell.reasons)), records_lost=12 - len(records),
-          processes_left=len(containers_of(engine, "dcrash")))
+    assert left == []
+    assert len(records) == 12 and lost == 0
 
 
 @pytest.mark.fault("bench receives SIGINT mid-boot (container)")
 def test_sigint_to_the_bench_leaves_no_container(tmp_path, engine, fault):
     p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dint")
-    wait_for(lambda: any(c.status == "running" and c.name.startswith("regbench-dint-")  # the server, booting
-                         for c in containers_of(engine, "dint")))
-    time.sleep(5)  # well into vLLM's boot
+    log = server_log(tmp_path, "dint")
+    # Well into vLLM's boot, as its log shows: the engine core has started (the loader's first line
+    # comes about 2 s before the server is ready, too close to the end of the boot to be "mid-boot").
+    wait_for_line(log, PHASES["engine_start"], 300, p)
     p.send_signal(signal.SIGINT)
     output, _ = p.communicate(timeout=120)
+    left = containers_of(engine, "dint")
+    fault("interrupted, exit 130", processes_left=len(left))
     assert p.returncode == 130, output
-    assert containers_of(engine, "dint") == []
-    fault("interrupted, exit 130", processes_left=len(containers_of(engine, "dint")))
+    assert left == []
+    # Interrupted where the test says: the server never got to serving.
+    assert not PHASES["server_ready"].search(log.read_text()), "the boot was over before the SIGINT"
 
 
 @pytest.mark.fault("bench killed with SIGKILL (container)")
 def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine, fault):
     p = regbench("run", str(one_cell(tmp_path)), "--results", str(tmp_path / "res"), "--run-id", "dkill")
-    # The server's container, not the fingerprint probe's that runs before it.
-    wait_for(lambda: any(c.status == "running" and c.name.startswith("regbench-dkill-")
-                         for c in containers_of(engine, "dkill")))
+    wait_until(lambda: server_container_running(engine, "dkill"), 300, "the server's container running", 0.3, p)
     p.kill()  # SIGKILL: the bench gets no chance to clean up
     p.communicate(timeout=60)
     assert containers_of(engine, "dkill"), "the container should have outlived the bench"
     out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "dkill"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
+    left = containers_of(engine, "dkill")
+    fault("`regbench clean` removes the container", processes_left=len(left))
     assert out.returncode == 0 and "docker launcher: removed 1 leftover(s): container regbench-dkill-" in out.stdout, out
-    assert containers_of(engine, "dkill") == []
-    fault("`regbench clean` removes the container", processes_left=len(containers_of(engine, "dkill")))
+    assert left == []
 
 
 def test_logprobs_and_the_reference_probe_work_in_the_cpu_image(tmp_path, engine):

@@ -9,17 +9,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 import yaml
 
 from bench.core.diagnosis import Diagnosis
+from bench.core.logfacts import PHASES
 from bench.core.records import RunRecord, Summary
 
-from .support import one_cell_config, processes_labelled, regbench
+from .support import one_cell_config, processes_labelled, regbench, wait_for_line
 
 pytestmark = pytest.mark.slow
+CELL = "tiny-canary__safetensors__cpu__streamer-0.17.0"
+# The engine core process's first line (vLLM's milestone as the bench reads it): the server is
+# well into its boot, its engine core started and its workers starting.
+ENGINE_CORE = PHASES["engine_start"]
 
 
 @pytest.mark.parametrize("sig", [
@@ -29,21 +33,19 @@ pytestmark = pytest.mark.slow
 def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig, fault):
     results = tmp_path / "results"
     p = regbench("run", str(one_cell_config(tmp_path)), "--results", str(results), "--run-id", "r")
-    log = results / "r" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
-    deadline = time.monotonic() + 300
-    # Wait until the server is well into its boot: engine core and workers exist by then.
-    while time.monotonic() < deadline and "EngineCore" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.5)
+    log = results / "r" / "cells" / CELL / "run-1" / "server.log"
+    wait_for_line(log, ENGINE_CORE, 300, p)
     assert processes_labelled(results), "the server never started"
     p.send_signal(sig)
     output, _ = p.communicate(timeout=120)
+    left = processes_labelled(results)
+    fault("run recorded as interrupted, exit 130", processes_left=len(left))
     assert p.returncode == 130, output
-    assert processes_labelled(results) == []
+    assert left == []
     runs = (results / "r" / "runs.jsonl").read_text().splitlines()
     assert RunRecord.model_validate_json(runs[-1]).interrupted
     summary = Summary.model_validate_json((results / "r" / "summary.json").read_text())
     assert summary.interrupted and summary.exit_code == 130
-    fault("run recorded as interrupted, exit 130", processes_left=len(processes_labelled(results)))
 
 
 @pytest.mark.fault("model path missing")
@@ -54,11 +56,12 @@ def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path, fault):
     config.write_text(yaml.safe_dump(data))
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
     output, _ = p.communicate(timeout=600)
-    assert p.returncode == 1, output
+    left = processes_labelled(tmp_path / "res")
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
+    fault(", ".join(sorted(cell.reasons)), processes_left=len(left))
+    assert p.returncode == 1, output
     assert cell.verdict == "fail" and cell.reasons == {"boot_failed": 1}
-    assert processes_labelled(tmp_path / "res") == []
-    fault("boot_failed", processes_left=len(processes_labelled(tmp_path / "res")))
+    assert left == []
 
 
 @pytest.mark.fault("bench killed with SIGKILL mid-run")
@@ -67,10 +70,8 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
     results = tmp_path / "results"
     run_dir = results / "r"
     p = regbench("run", str(config), "--results", str(results), "--run-id", "r")
-    log2 = run_dir / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-2" / "server.log"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and "EngineCore" not in (log2.read_text() if log2.exists() else ""):
-        time.sleep(0.5)
+    log2 = run_dir / "cells" / CELL / "run-2" / "server.log"
+    wait_for_line(log2, ENGINE_CORE, 600, p)  # repeat 1 is over, repeat 2's server well into its boot
     p.kill()  # SIGKILL mid-boot of repeat 2: no clean-up, the server keeps running
     p.communicate(timeout=60)
     assert processes_labelled(results), "the server should have outlived the bench"
@@ -80,18 +81,19 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
 
     r = regbench("run", "--resume", str(run_dir))
     output, _ = r.communicate(timeout=900)
+    left = processes_labelled(results)
+    requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
+    lost = sum(1 for q in finished if q not in requests)  # repeat 1's records, on disk before the kill
+    fault("--resume reaps the server, redoes only the unfinished run", records_lost=lost, processes_left=len(left))
     assert r.returncode == 0, output
+    assert finished and lost == 0 and left == []
     runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
     assert [x.repeat for x in runs] == [1, 2] and runs[0] == first  # repeat 1 not redone
-    requests = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
     assert sorted((q["repeat"], q["prompt_id"]) for q in requests) == sorted(
         (rep, pid) for rep in (1, 2) for pid in ("code", "prose", "chat", "chat-stream"))
     assert (log2.parent / "server.log.attempt-1").exists()
-    assert processes_labelled(results) == []
     summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
     assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]
-    fault("--resume reaps the server, redoes only the unfinished run",
-          records_lost=sum(1 for q in finished if q not in requests), processes_left=len(processes_labelled(results)))
 
 
 @pytest.mark.fault("exception at the server's interpreter exit")
@@ -113,15 +115,17 @@ def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault
     config.write_text(yaml.safe_dump(data))
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
     output, _ = p.communicate(timeout=900)
-    assert p.returncode == 1, output
+    left = processes_labelled(tmp_path / "res")
     (cell,) = Summary.model_validate_json((tmp_path / "res" / "r" / "summary.json").read_text()).cells
+    fault(", ".join(sorted(cell.reasons)), processes_left=len(left))
+    assert p.returncode == 1, output
+    assert left == []
     assert cell.reasons == {"exit_exception": 1}, cell  # requests were fine, the exit was not
     (run,) = [RunRecord.model_validate_json(x) for x in (tmp_path / "res" / "r" / "runs.jsonl").read_text().splitlines()]
     assert any("UnicodeDecodeError" in f.detail for f in run.findings)
     # Named for what it is: a symptom that accompanied #38991, not its cause.
     (d,) = Diagnosis.model_validate_json((tmp_path / "res" / "r" / "diagnosis.json").read_text()).cells
     assert [(m.signature, m.symptom_only) for m in d.matches] == [("exit-unicode-decode-error", True)]
-    fault("exit_exception", processes_left=len(processes_labelled(tmp_path / "res")))
 
 
 @pytest.mark.fault("server hangs mid-request (SIGSTOP)")
@@ -142,23 +146,23 @@ def test_a_server_frozen_mid_workload_is_timed_out_and_killed(tmp_path, fault):
     results = tmp_path / "res"
     p = regbench("run", str(config), "--results", str(results), "--run-id", "r")
     requests = results / "r" / "requests.jsonl"
-    log = results / "r" / "cells" / "tiny-canary__safetensors__cpu__streamer-0.17.0" / "run-1" / "server.log"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and p.poll() is None and "Added request" not in (
-            log.read_text() if log.exists() else ""):
-        time.sleep(0.05)
+    log = results / "r" / "cells" / CELL / "run-1" / "server.log"
+    wait_for_line(log, r"Added request", 600, p)
     frozen = processes_labelled(results)
     for pid in frozen:  # every process of the server stops mid-workload, sockets open
         os.kill(pid, signal.SIGSTOP)
     output, _ = p.communicate(timeout=600)
-    assert p.returncode == 1, output
+    left = processes_labelled(results)
+    kept = [json.loads(line) for line in requests.read_text().splitlines()]
+    # Every request of the workload has its record, those frozen in flight as time-outs: a prompt
+    # with none is a lost record.
+    lost = len({q["id"] for q in data["workload"]["prompts"]} - {q["prompt_id"] for q in kept})
     (cell,) = Summary.model_validate_json((results / "r" / "summary.json").read_text()).cells
+    fault(", ".join(sorted(cell.reasons)), records_lost=lost, processes_left=len(left))
+    assert p.returncode == 1, output
     assert cell.reasons.get("timeout", 0) >= 1 and cell.reasons.get("exit_code") == 1, cell.reasons
     (run,) = [RunRecord.model_validate_json(x) for x in (results / "r" / "runs.jsonl").read_text().splitlines()]
     assert run.server.killed  # SIGTERM cannot reach a stopped process; SIGKILL can
-    assert frozen and processes_labelled(results) == []
-    kept = [json.loads(line) for line in requests.read_text().splitlines()]
-    # Every request sent has its record: those frozen in flight as time-outs, none lost.
-    assert len(kept) == 2 and {q["error_kind"] for q in kept} <= {"timeout", "connection"}, kept
+    assert frozen and left == []
+    assert len(kept) == 2 and lost == 0 and {q["error_kind"] for q in kept} <= {"timeout", "connection"}, kept
     assert any(q["error_kind"] == "timeout" for q in kept)
-    fault(", ".join(sorted(cell.reasons)), records_lost=0, processes_left=len(processes_labelled(results)))

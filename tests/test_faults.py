@@ -6,11 +6,11 @@ are injected into real vLLM in test_e2e_vllm.py. Each test is a row of the READM
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,7 @@ from bench.serve.launch import BootError, ProcessGroup, Server
 from bench.store.results import read_jsonl
 
 from .fakeserver import FakeServer
-from .support import processes_labelled
+from .support import processes_labelled, wait_for_line
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKEVLLM = Path(__file__).parent / "data" / "fakevllm"
@@ -74,34 +74,39 @@ def test_a_fault_on_the_wire_is_a_verdict_naming_it(tmp_path, fault, mode, reaso
     count = tmp_path / "answered"
     p = regbench("run", str(matrix(tmp_path)), "--results", str(tmp_path / "results"), "--run-id", RUN_ID,
                  env={"FAKE_VLLM_MODE": mode, "FAKE_VLLM_COUNT": str(count)})
+    run_dir = tmp_path / "results" / RUN_ID
+    # Counted first and recorded as counted, then asserted on: a leak is a figure in the table.
+    left = processes_labelled(run_dir)
+    kept = on_disk(run_dir)
+    lost = max(0, answered(count) - len(kept))  # answers sent that are not on disk
+    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    fault(", ".join(sorted(cell.reasons)), records_lost=lost, processes_left=len(left))
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
-    run_dir = tmp_path / "results" / RUN_ID
-    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
     assert reason in cell.reasons and cell.verdict == "fail", cell.reasons
-    left = processes_labelled(run_dir)
-    lost = max(0, answered(count) - len(on_disk(run_dir)))
-    assert len(on_disk(run_dir)) == 2 and lost == 0 and left == []
-    fault(", ".join(sorted(cell.reasons)), records_lost=lost, processes_left=len(left))
+    assert len(kept) == 2 and lost == 0 and left == []
 
 
 @pytest.mark.fault("port taken by another program")
 def test_a_port_taken_by_another_program_is_never_sent_the_workload(tmp_path, fault):
     # Another program answers on the port the bench picked before the server could bind it:
     # it must not be mistaken for the server (the server itself fails to bind and exits).
+    run_dir = tmp_path / "run"
     with FakeServer("ok") as stranger:
         port = stranger.httpd.server_address[1]
         log = tmp_path / "server.log"
         argv = [sys.executable, str(FAKEPROC), str(port), "ok"]
-        server = Server(lambda: ProcessGroup(argv, dict(os.environ), tmp_path, log, tmp_path / "s"),
-                        argv, port, log, 20, 5)
+        env = {**os.environ, "REGBENCH_RUN_DIR": str(run_dir)}  # the bench's label: its processes are counted by it
+        server = Server(lambda: ProcessGroup(argv, env, tmp_path, log, tmp_path / "s"), argv, port, log, 20, 5)
         with pytest.raises(BootError, match=f"port {port} is held by pid {os.getpid()}"):
             server.__enter__()
-        assert stranger.requests == []
+        sent = list(stranger.requests)
+    left = processes_labelled(run_dir)
     findings = judge_server(server.outcome, "", log.read_text())
+    fault(", ".join(f.reason for f in findings), processes_left=len(left))
+    assert sent == []
     assert [f.reason for f in findings] == ["port_taken"]
-    assert server.handle.poll() is not None  # our own server was stopped
-    fault("port_taken", processes_left=int(server.handle.poll() is None))
+    assert server.handle.poll() is not None and left == []  # our own server was stopped
 
 
 def mount_tmpfs(path: Path, options: str) -> None:
@@ -135,10 +140,11 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     config = matrix(tmp_path, prompts=40, top={"comparison": {"mode": "exact"}})
     env = {"FAKE_VLLM_COUNT": str(count)}
     p = regbench("run", str(config), "--results", str(results), "--run-id", RUN_ID, env=env)
+    run_dir = results / RUN_ID
+    left_after_full = processes_labelled(run_dir)
     assert p.returncode == 3, p.stdout + p.stderr
     assert "No space left on device" in p.stderr and "Traceback" not in p.stderr + p.stdout
-    run_dir = results / RUN_ID
-    assert processes_labelled(run_dir) == []
+    assert left_after_full == []
     written = on_disk(run_dir)  # readable: at most a half-written last line, dropped
     assert 0 < len(written) < 40
     unwritten = answered(count) - len(written)
@@ -146,11 +152,13 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     # Space again: --resume redoes the unfinished run; every finished request is then on disk once.
     filler.unlink()
     again = regbench("run", "--resume", str(run_dir), env=env)
-    assert again.returncode == 0, again.stdout + again.stderr
+    left = processes_labelled(run_dir)
     final = on_disk(run_dir)
-    assert len(final) == 40 and len({r.prompt_id for r in final}) == 40
-    fault("exit 3, servers stopped; --resume completes", records_lost=40 - len(final),
-          processes_left=len(processes_labelled(run_dir)))
+    lost = 40 - len({r.prompt_id for r in final})  # each prompt answered once: 40 records, one each
+    fault("exit 3, servers stopped; --resume completes", records_lost=lost,
+          processes_left=len(left_after_full) + len(left))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert len(final) == 40 and lost == 0 and left == []
 
 
 @pytest.mark.fault("results folder not writable")
@@ -159,9 +167,10 @@ def test_a_read_only_results_folder_is_refused_before_any_server_starts(tmp_path
     count = tmp_path / "answered"
     p = regbench("run", str(matrix(tmp_path)), "--results", str(results), "--run-id", RUN_ID,
                  env={"FAKE_VLLM_COUNT": str(count)})
+    left = processes_labelled(results)
+    fault("exit 2 before any server", processes_left=len(left))
     assert p.returncode == 2 and "Read-only file system" in p.stderr, p.stderr
-    assert "Traceback" not in p.stderr and not count.exists()
-    fault("exit 2 before any server", processes_left=len(processes_labelled(results)))
+    assert "Traceback" not in p.stderr and not count.exists() and left == []
 
 
 SECRETS = {
@@ -184,20 +193,21 @@ def test_no_secret_reaches_any_file_of_a_run(tmp_path, fault):
     ])
     p = regbench("run", str(config), "--results", str(tmp_path / "results"), "--run-id", RUN_ID,
                  env={**SECRETS, "FAKE_VLLM_PRINT": printed})
-    assert p.returncode == 0, p.stdout + p.stderr
     run_dir = tmp_path / "results" / RUN_ID
+    left = processes_labelled(run_dir)
+    assert p.returncode == 0, p.stdout + p.stderr
     assert regbench("report", str(run_dir)).returncode == 0  # regenerated reports too
     files = [f for f in run_dir.rglob("*") if f.is_file()]
     assert {"server.log", "config.yaml", "runs.jsonl", "requests.jsonl", "summary.json", "summary.md",
             "junit.xml", "report.html"} <= {f.name for f in files}
     secrets = [*SECRETS.values(), *SHAPED]
     leaks = [(f.name, s) for f in files for s in secrets if s.encode() in f.read_bytes()]
+    fault(f"{len(leaks)} of {len(secrets)} secrets in {len(files)} files", processes_left=len(left),
+          cases=len(secrets) * len(files))
     log = next(f for f in files if f.name == "server.log").read_text()
     assert log.count("[REDACTED]") >= 6 and "loading with token [REDACTED]" in log  # the lines are kept
-    assert leaks == []
+    assert leaks == [] and left == []
     assert p.stdout.count(SECRETS["HF_TOKEN"]) == 0
-    fault(f"0 of {len(secrets)} secrets in {len(files)} files", processes_left=len(processes_labelled(run_dir)),
-          cases=len(secrets) * len(files))
 
 
 @pytest.mark.fault("bench receives SIGINT mid-request")
@@ -207,16 +217,36 @@ def test_ctrl_c_while_a_request_hangs_stops_the_server_and_records_the_run(tmp_p
                           "--results", str(results), "--run-id", RUN_ID], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "FAKE_VLLM_MODE": "hang"})
     log = results / RUN_ID / "cells" / "m__safetensors__cpu__fake" / "run-1" / "server.log"
-    deadline = time.monotonic() + 60
     # In "hang" mode a received request is never answered: once the line is there, one is in flight.
-    while time.monotonic() < deadline and "request received" not in (log.read_text() if log.exists() else ""):
-        time.sleep(0.1)
+    wait_for_line(log, r"request received", 60, p)
     p.send_signal(signal.SIGINT)
     output, _ = p.communicate(timeout=60)
+    left = processes_labelled(results)
+    fault("run recorded as interrupted, server stopped, exit 130", processes_left=len(left))
     assert p.returncode == 130, output
     (run,) = [RunRecord.model_validate_json(x) for x in (results / RUN_ID / "runs.jsonl").read_text().splitlines()]
     assert run.interrupted and run.server.exit_code == 0  # stopped with SIGTERM, not abandoned
     assert "shutting down" in log.read_text()
-    left = processes_labelled(results)
     assert left == []
-    fault("run recorded as interrupted, server stopped, exit 130", processes_left=len(left))
+
+
+def test_the_fault_table_shows_a_leak_as_a_figure_and_its_check_fails(tmp_path):
+    # scripts/fault_table.py on a ledger of three rows: one clean, one that counted a process left
+    # and a record lost (its test then failed), one whose test failed before it counted anything.
+    ledger = tmp_path / "faults.json"
+    row = {"kind": "server leaves children running", "verdict": "v", "records_lost": 0, "processes_left": 0, "cases": 1}
+    ledger.write_text(json.dumps([
+        {**row, "test": "t::clean", "survived": True},
+        {**row, "test": "t::leak", "survived": False, "records_lost": 2, "processes_left": 1},
+        {"kind": "stream cut short", "test": "t::early", "survived": False},
+    ]))
+    script = [sys.executable, str(ROOT / "scripts" / "fault_table.py"), "--ledger", str(ledger)]
+    shown = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert "| server leaves children running | 1/2 | 2 | v | 2 | 1 |" in shown
+    assert "| stream cut short | 0/1 | 0 | (no result) | — (1 not counted) | — (1 not counted) |" in shown
+    assert shown[-1].endswith("| **2** (1 not counted) | **1** (1 not counted) |")
+    check = subprocess.run([*script, "--check"], capture_output=True, text=True)
+    assert check.returncode == 1
+    assert "fault table: t::leak: survived False, records lost 2, processes left 1" in check.stdout
+    assert "fault table: t::early: failed before it counted" in check.stdout
+    assert "t::clean" not in check.stdout  # a clean row is no problem

@@ -22,7 +22,7 @@ from bench.serve.launch import (
     vllm_env,
 )
 
-from .support import ROOT, wait_until
+from .support import ROOT, processes_labelled, wait_until
 
 FAKE = str(Path(__file__).parent / "fakeproc.py")
 
@@ -41,7 +41,10 @@ def server(argv: list[str], tmp_path: Path, port: int, boot: float = 10, shutdow
     run_dir.mkdir(exist_ok=True)
     log = run_dir / "server.log"
     scratch = tmp_path / "scratch"
-    return Server(lambda: ProcessGroup(argv, dict(os.environ), run_dir, log, scratch), argv, port, log, boot, shutdown)
+    # Labelled as the bench labels its servers: every process of this one (children that leave its
+    # group too) is found and counted by that label.
+    env = {**os.environ, "REGBENCH_RUN_DIR": str(run_dir)}
+    return Server(lambda: ProcessGroup(argv, env, run_dir, log, scratch), argv, port, log, boot, shutdown)
 
 
 def proc(tmp_path: Path, mode: str, boot: float = 10, shutdown: float = 5) -> Server:
@@ -69,16 +72,9 @@ def verdict(p: Server) -> str:
     return ", ".join(sorted({f.reason for f in judge_server(p.outcome, "", log_of(p))}))
 
 
-def group_left(p: Server) -> int:
-    """Live (not zombie) processes still in the server's process group."""
-    left = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        left += int(fields[2]) == p.handle.proc.pid and fields[0] != "Z"
-    return left
+def processes_left(p: Server) -> int:
+    """Live (not zombie) processes of the server, its children included: those carrying its label."""
+    return len(processes_labelled(p.log_path.parent))
 
 
 @pytest.mark.fault("server exits during boot")
@@ -86,10 +82,11 @@ def test_exit_during_boot_is_reported_with_its_code(tmp_path, fault):
     p = proc(tmp_path, "exit-during-boot")
     with pytest.raises(BootError):
         p.__enter__()
+    left = processes_left(p)
+    fault(verdict(p), processes_left=left)
     assert p.outcome.exited_early_code == 3 and p.outcome.boot_s is None
     assert "model path missing" in log_of(p)
-    assert verdict(p) == "boot_failed"
-    fault(verdict(p), processes_left=group_left(p))
+    assert verdict(p) == "boot_failed" and left == 0
 
 
 @pytest.mark.fault("boot never becomes healthy")
@@ -97,9 +94,10 @@ def test_boot_deadline_kills_the_server(tmp_path, fault):
     p = proc(tmp_path, "never-healthy", boot=1.5)
     with pytest.raises(BootError, match="not healthy after 1.5 s"):
         p.__enter__()
+    left = processes_left(p)
+    fault(verdict(p), processes_left=left)
     assert not alive(p.handle.proc.pid)
-    assert verdict(p) == "boot_timeout"
-    fault(verdict(p), processes_left=group_left(p))
+    assert verdict(p) == "boot_timeout" and left == 0
 
 
 @pytest.mark.fault("server ignores SIGTERM")
@@ -107,10 +105,11 @@ def test_sigterm_ignored_means_sigkill_after_grace(tmp_path, fault):
     p = proc(tmp_path, "ignore-term", shutdown=1)
     with p:
         pid = p.handle.proc.pid
+    left = processes_left(p)
+    fault(verdict(p), processes_left=left)
     assert p.outcome.killed and p.outcome.exit_code == -9
     assert not alive(pid)
-    assert verdict(p) == "exit_code"
-    fault(verdict(p), processes_left=group_left(p))
+    assert verdict(p) == "exit_code" and left == 0
 
 
 @pytest.mark.fault("server leaves children running")
@@ -120,8 +119,10 @@ def test_children_of_the_server_are_reaped_too(tmp_path, fault):
         log = log_of(p)
         child = int(re.search(r"child pid=(\d+)", log).group(1))
         assert alive(child)
-    assert not alive(child)
-    fault("children killed with the server's group", processes_left=group_left(p))
+        assert processes_left(p) >= 2  # the count sees the server and its child
+    left = processes_left(p)
+    fault("children killed with the server's group", processes_left=left)
+    assert not alive(child) and left == 0
 
 
 def test_an_exception_in_the_with_block_still_stops_the_server(tmp_path):
@@ -164,9 +165,11 @@ def test_a_command_that_cannot_start_is_a_boot_failure(tmp_path, fault):
     p = server([str(tmp_path / "no-python"), "-m", "vllm"], tmp_path, free_port())
     with pytest.raises(BootError, match="cannot start"):
         p.__enter__()
+    left = processes_left(p)
+    findings = judge_server(p.outcome, "", "")
+    fault(", ".join(f.reason for f in findings), processes_left=left)
     assert p.outcome.start_error and not (tmp_path / "scratch").exists()
-    assert [f.reason for f in judge_server(p.outcome, "", "")] == ["boot_failed"]
-    fault("boot_failed", processes_left=0)
+    assert [f.reason for f in findings] == ["boot_failed"] and left == 0
 
 
 def test_container_options_of_a_platform_and_secrets_by_name(minimal):
