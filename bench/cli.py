@@ -126,6 +126,7 @@ def _interrupt_on_sigterm() -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     config = with_image_refs(load_config(args.config), args.image or [])
     cells = expand(config)
+    check_devices(config, cells)  # what `run` would refuse, plan refuses too
     if args.format == "github-matrix":
         print(github_matrix(config, cells, args.shards))
         return 0

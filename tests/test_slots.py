@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.core.config import ConfigError, parse_config, parse_devices, with_devices
 from bench.core.matrix import expand
@@ -24,7 +25,7 @@ from bench.serve.launch_docker import container_env, run_options
 from bench.serve.slots import SlotPool, shared_devices
 from bench.store.results import ResultsDir
 
-from .support import ScriptedLauncher, wait_until
+from .support import ROOT, ScriptedLauncher, wait_until
 
 FAKEPROC = Path(__file__).parent / "fakeproc.py"
 
@@ -244,3 +245,21 @@ def test_a_real_server_process_is_pinned_to_its_cpus(tmp_path):
             status = Path(f"/proc/{pid}/status").read_text()
             assert "Cpus_allowed_list:\t0\n" in status
     assert server.outcome.devices.ids == ("0",) and server.outcome.ended_at >= server.outcome.started_at
+
+
+def test_plan_refuses_a_cell_needing_more_devices_than_its_platform_lists_as_run_does(tmp_path, capsys):
+    from bench.cli import main
+
+    matrix = yaml.safe_load((ROOT / "configs" / "h200.yaml").read_text())
+    matrix["models"][0]["tensor_parallel_size"] = 16
+    path = tmp_path / "h200.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "needs 16 devices (tensor_parallel_size) and platform h200 lists 8" in err and "Traceback" not in err
+    assert main(["plan", str(path), "--format", "github-matrix"]) == 2
+    assert main(["run", str(path), "--platform", "h200", "--results", str(tmp_path / "r")]) == 2
+    assert "needs 16 devices" in capsys.readouterr().err
+    matrix["models"][0]["tensor_parallel_size"] = 8
+    path.write_text(yaml.safe_dump(matrix))
+    assert main(["plan", str(path)]) == 0
