@@ -142,6 +142,8 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     p = regbench("run", str(config), "--results", str(results), "--run-id", RUN_ID, env=env)
     run_dir = results / RUN_ID
     left_after_full = processes_labelled(run_dir)
+    verdict = "exit 3, servers stopped; --resume completes"
+    fault(verdict, processes_left=len(left_after_full))  # what is counted so far; the resume's added below
     assert p.returncode == 3, p.stdout + p.stderr
     assert "No space left on device" in p.stderr and "Traceback" not in p.stderr + p.stdout
     assert left_after_full == []
@@ -155,8 +157,7 @@ def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny
     left = processes_labelled(run_dir)
     final = on_disk(run_dir)
     lost = 40 - len({r.prompt_id for r in final})  # each prompt answered once: 40 records, one each
-    fault("exit 3, servers stopped; --resume completes", records_lost=lost,
-          processes_left=len(left_after_full) + len(left))
+    fault(verdict, records_lost=lost, processes_left=len(left_after_full) + len(left))
     assert again.returncode == 0, again.stdout + again.stderr
     assert len(final) == 40 and lost == 0 and left == []
 
