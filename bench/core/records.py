@@ -212,6 +212,18 @@ class TokenDiff(Record):
     reference_repeat: int | None = None  # within-cell comparisons: the repeat compared with
 
 
+class ProbeNote(Record):
+    """An absolute probe (a known answer, the reference-text ceiling) that a cell's runs missed
+    while the baseline cell missed it too and nothing else corroborated it: not counted against
+    the cell (bench.core.judge.set_aside_probes), reported on its own."""
+
+    reason: Reason  # expectation_failed or reference_nll
+    prompt_id: str | None = None  # the known answer's prompt; None for the reference text
+    runs: int  # how many judged runs of the cell missed it
+    detail: str  # one missed run's evidence
+    why: str  # why it is not evidence against this cell
+
+
 class RunResult(Record):
     """One judged run of a cell: its own findings' reasons plus its divergence from the baseline."""
 
@@ -272,6 +284,8 @@ class CellSummary(Record):
     # The reference-text probe's score per judged run that made it (None: not a number or not measured).
     reference_nll: list[float | None] = []
     perf: dict[str, MetricSummary] = {}  # metric name (bench.core.perf.METRICS) -> figures
+    # Absolute probes missed here and by the baseline alike, with nothing else against this cell.
+    unconfirmed_probes: list[ProbeNote] = []
 
     @property
     def nondeterministic(self) -> bool:

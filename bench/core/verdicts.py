@@ -9,6 +9,9 @@ Per request (bench.core.judge.judge_request)
     timeout              no complete answer within the request time-out
     connection_error     the connection failed or dropped (the server is gone or not listening)
     protocol_error       2xx, but the body or stream broke the API's promises (no choices, ...)
+    non_finite_output    the server computed NaN or infinite values and could not even encode its
+                         answer: an HTTP error whose body says so ("Out of range float values are
+                         not JSON compliant" when logprobs are asked for); the evidence has it
     empty_text           the completion's text is ""
     one_token            exactly one completion token although min_tokens asked for more
     short_output         fewer completion tokens than min_tokens
@@ -18,7 +21,9 @@ Per request (bench.core.judge.judge_request)
                          typically repeats one id forever)
     expectation_failed   the answer does not hold what the prompt's `expect` says a healthy
                          model's answer holds (contains / regex / one of): no baseline needed, and
-                         it catches a model that lost part of its weights and talks fluently
+                         it catches a model that lost part of its weights and talks fluently.
+                         Not counted when the baseline cell misses the same answer too and
+                         nothing corroborates it (see "Absolute probes" below)
 
 Per run: the reference-text probe (bench.core.judge.judge_reference)
     reference_nll        the server found the config's fixed passage unlikely: its mean negative
@@ -60,6 +65,21 @@ Per cell, against its baseline cell (bench.core.judge.divergence)
                          (id, text where known, logprob) and each one's rank in the other
                          side's top k
 
+Absolute probes shared with the baseline (bench.core.judge.set_aside_probes)
+    A known answer (`expect`) and the reference-text ceiling judge a server against a fixed
+    expectation, not against the baseline. They are only as good as the model's answer under the
+    numerics at hand: measured, a healthy bf16 SmolLM2-135M misses "Paris" on a CPU with AMX-BF16
+    and gets it elsewhere, and a random model never meets a reference ceiling. So a miss that the
+    baseline cell shares, with nothing else corroborating it in that run, is not evidence against
+    a cell: it is set aside as an *unconfirmed probe* (CellSummary.unconfirmed_probes) and
+    reported on its own, and the verdict is decided by the rest. Corroboration:
+      - a known answer on prompt P: a divergence from the baseline on P, or a reference-text
+        finding that stands, in the same run;
+      - the reference ceiling: any other finding in the same run (a known-answer miss, a drift
+        from the baseline's score, a reference error, ...).
+    For the baseline cell itself "shared" holds trivially. Cells with no baseline keep every
+    finding. A miss the baseline does not share is always counted.
+
 Per cell over its repeats (bench.core.judge.judge_cell)
     Each repeat is a fresh server, because the failures this bench exists for happen at
     weight-loading time and a warm server would hide them. Interrupted runs are not judged.
@@ -88,6 +108,7 @@ class Reason(StrEnum):
     TIMEOUT = "timeout"
     CONNECTION_ERROR = "connection_error"
     PROTOCOL_ERROR = "protocol_error"
+    NON_FINITE_OUTPUT = "non_finite_output"
     EMPTY_TEXT = "empty_text"
     ONE_TOKEN = "one_token"
     SHORT_OUTPUT = "short_output"
@@ -226,7 +247,8 @@ class ExitEpisode(_Evidence):
     exception: str | None = None  # the last "SomeError: message" line in it, if any
 
     def text(self) -> str:
-        return self.episode
+        # Headed by what was raised: the block itself opens with the log line before it.
+        return f"{self.exception}\n{self.episode}" if self.exception else self.episode
 
 
 class TokenDivergence(_Evidence):

@@ -102,6 +102,9 @@ def _reasons(c: CellSummary) -> str:
     parts = [f"{reason} ({n}/{c.runs})" for reason, n in c.reasons.items()]
     if c.divergence_positions:
         parts.append(f"first divergence at token {min(c.divergence_positions)}")
+    if c.unconfirmed_probes:
+        parts.append("missed with the baseline, not counted: " + ", ".join(
+            n.prompt_id or "reference text" for n in c.unconfirmed_probes))
     return ", ".join(parts) or "-"
 
 
@@ -128,6 +131,35 @@ def _nondeterminism_lines(c: CellSummary, limit: int = 10) -> list[str]:
     ]
     if len(first) > limit:
         lines.append(f"- `{c.cell_id}`: … {len(first) - limit} more prompts")
+    return lines
+
+
+def _probe_label(reason: str, prompt_id: str | None) -> str:
+    return f"known answer of prompt `{prompt_id}`" if prompt_id else "reference-text ceiling"
+
+
+def probes_markdown(cells: Sequence[CellSummary]) -> list[str]:
+    """The "Probes that did not hold" section: absolute probes set aside because the baseline
+    missed them too, with where else in the matrix each one holds, so a reader can tell a probe
+    that does not fit the model's numerics from everything answering wrongly."""
+    noted = [c for c in cells if c.unconfirmed_probes]
+    if not noted:
+        return []
+    lines = ["", "## Probes that did not hold", "",
+             "Known answers or the reference ceiling that the baseline cell missed too, with nothing else "
+             "against the cell: not counted in its verdict.", ""]
+    keys = sorted({(n.reason, n.prompt_id) for c in noted for n in c.unconfirmed_probes},
+                  key=lambda k: (k[0], k[1] or ""))
+    for reason, prompt in keys:
+        missing = [c for c in noted if any((n.reason, n.prompt_id) == (reason, prompt) for n in c.unconfirmed_probes)]
+        counted = [c for c in cells if reason in c.reasons and c not in missing]
+        holds = [c for c in cells if c.runs and c not in missing and c not in counted]
+        where = (f"it holds in {', '.join(f'`{c.cell_id}`' for c in holds)}: the probe depends on numerics"
+                 if holds else "it holds in no judged cell: the probe does not fit this model, or every cell answers wrongly")
+        lines.append(f"- {_probe_label(reason, prompt)}: missed in {len(missing)} cell(s) with the baseline; {where}")
+        for c in missing:
+            n = next(n for n in c.unconfirmed_probes if (n.reason, n.prompt_id) == (reason, prompt))
+            lines.append(f"  - `{c.cell_id}` ({n.runs}/{c.runs} runs): {n.detail[:200]}. {n.why}")
     return lines
 
 
@@ -211,6 +243,7 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
                 f" ({p.lost} tensor deliveries lost)" if p.lost else "")
             lines.append(f"- {what}: {state}")
             lines += [f"  - {line}" for line in (*p.problems, *p.notes)]
+    lines += probes_markdown(summary.cells)
     nondeterministic = [c for c in summary.cells if c.nondeterministic]
     if nondeterministic:
         lines += ["", "## Nondeterministic outputs", "",
