@@ -405,3 +405,16 @@ def test_non_finite_values_the_server_cannot_encode_are_named(workload):
     assert f.reason == Reason.NON_FINITE_OUTPUT and "Out of range float" in f.detail
     (g,) = judge_request(req(status=400, text=None, error_kind=ErrorKind.HTTP, error="max_tokens is too large"), workload)
     assert g.reason == Reason.HTTP_ERROR
+
+
+def test_unconfirmed_probes_are_shown_in_the_html_report(minimal):
+    from bench.core.records import Summary
+    from bench.report.html import html_report
+    from bench.report.summary import summarize_cells
+
+    cells = expand(parse_config(minimal))
+    runs = [run(1, [_missed()]).model_copy(update={"cell_id": c.id}) for c in cells]
+    summaries = summarize_cells(cells, runs, [req(cell_id=c.id) for c in cells])
+    html = html_report(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
+                               cells=summaries, exit_code=0), runs, [], [], [])
+    assert html.count("Probes missed with the baseline, not counted") == 2 and "L&#x27;Étoile" in html

@@ -213,6 +213,15 @@ def _samples(cell: CellSummary, reqs_of: dict[int, list[RequestRecord]]) -> str:
     return "".join(out)
 
 
+def _unconfirmed(cell: CellSummary) -> str:
+    if not cell.unconfirmed_probes:
+        return ""
+    items = "".join(
+        f"<li><b>{e(n.prompt_id or 'reference text')}</b> ({n.runs}/{cell.runs} runs): {e(n.detail[:200])}. "
+        f"{e(n.why)}</li>" for n in cell.unconfirmed_probes)
+    return f"<p>Probes missed with the baseline, not counted:</p><ul>{items}</ul>"
+
+
 def _nondeterminism(cell: CellSummary) -> str:
     if not cell.nondeterminism:
         return ""
@@ -352,6 +361,7 @@ def cell_details(
         f"</summary>"
         f'<div class="body"><p><b>{e(rate_text(cell.failures, cell.runs))}</b> runs failed (failure rate with '
         f"its Wilson 95 % interval); {baseline}.</p><p>Reasons: {reasons}</p>"
+        f"{_unconfirmed(cell)}"
         f"{_nondeterminism(cell)}"
         f'<div class="plots">{_bars_svg("boot time per run", boot, failed, "s")}'
         f"{_latency_svg(latency, failed)}</div>"
