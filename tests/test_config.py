@@ -90,6 +90,22 @@ def test_paths_resolve_against_the_file_without_following_symlinks(tmp_path, min
     assert config.models[1].path == "org/some-model"  # not local: a hub id, untouched
 
 
+@pytest.mark.parametrize("path", ["./no-such-model", "../no-such-model", "/no/such/model", "~/no-such-model-here"])
+def test_a_local_looking_model_path_that_does_not_exist_is_a_config_error_naming_the_key(tmp_path, minimal, path,
+                                                                                         capsys):
+    minimal["models"][0]["path"] = str(tmp_path)
+    minimal["models"].append({"name": "gone", "path": path})
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(minimal))
+    assert main(["plan", str(f)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"models.1.path: {path!r} looks like a local path" in err and "does not exist" in err, err
+    (tmp_path / "here").mkdir()
+    minimal["models"][1]["path"] = "./here"
+    f.write_text(yaml.safe_dump(minimal))
+    assert load_config(f).models[1].path == str(tmp_path / "here")
+
+
 def test_shipped_configs_are_valid():
     from pathlib import Path
 

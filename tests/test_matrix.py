@@ -62,6 +62,7 @@ def test_plan_prints_cells(tmp_path, minimal, capsys):
 
     from bench.cli import main
 
+    minimal["models"][0]["path"] = str(tmp_path)  # a local model path must exist
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump(minimal))
     assert main(["plan", str(f)]) == 0

@@ -106,6 +106,7 @@ def test_verdict_settled_rejects_more_runs_than_allowed():
 def test_plan_prints_the_repeats_needed(tmp_path, minimal, capsys):
     import yaml
 
+    minimal["models"][0]["path"] = str(tmp_path)  # a local model path must exist
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump(minimal))
     assert main(["plan", str(path), "--detect", "0.3", "--confidence", "0.95"]) == 0

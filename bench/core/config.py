@@ -515,7 +515,7 @@ def load_config(path: str | Path) -> Config:
     base = Path(os.path.abspath(path)).parent
     if not config.profiles:
         config = config.model_copy(update={"profiles": [load_platform(n, base) for n in config.platforms]})
-    return resolve_paths(config, base)
+    return resolve_paths(config, base, str(path))
 
 
 def _command(value: str, base: Path) -> str:
@@ -524,16 +524,23 @@ def _command(value: str, base: Path) -> str:
     return value if "/" not in value else os.path.normpath(base / value)
 
 
-def resolve_paths(config: Config, base: Path) -> Config:
-    """Makes local paths absolute. A model path that does not exist locally is kept as a hub id."""
+def resolve_paths(config: Config, base: Path, source: str = "<config>") -> Config:
+    """Makes local paths absolute. A model path that does not exist locally is kept as a hub id
+    (org/name), unless it looks local (./, ../, /, ~): then it is a config error naming the key,
+    not a hub id that vLLM would try to fetch."""
 
-    def model_path(p: str) -> str:
-        local = Path(os.path.normpath(base / p))
-        return str(local) if (p.startswith(".") or local.exists()) else p
+    def model_path(i: int, p: str) -> str:
+        local = Path(os.path.normpath(base / os.path.expanduser(p)))
+        if local.exists():
+            return str(local)
+        if p.startswith((".", "/", "~")):
+            raise ConfigError(f"{source}: models.{i}.path: {p!r} looks like a local path, and {local} does not exist "
+                              "(a hub id has the form org/name)")
+        return p
 
     return config.model_copy(
         update={
-            "models": [m.model_copy(update={"path": model_path(m.path)}) for m in config.models],
+            "models": [m.model_copy(update={"path": model_path(i, m.path)}) for i, m in enumerate(config.models)],
             "signatures": [os.path.normpath(base / d) for d in config.signatures],
             "images": [
                 i.model_copy(
