@@ -538,3 +538,18 @@ def test_a_release_the_probe_cannot_call_is_unsupported_never_a_loss(tmp_path, c
     assert main(["audit", str(CANARY), "--pythonpath", path, "--loaders", "streamer"]) == 2
     shown = capsys.readouterr().out
     assert "probe not supported by this loader version" in shown and "lost" not in shown
+
+
+def test_the_last_line_says_a_loader_that_raised_failed_loudly_not_that_it_lost_weights(tmp_path, capsys):
+    # The loader raises at the start of each run, as 0.13.4-0.14.0's does at an empty first shard.
+    write_checkpoint(tmp_path / "ckpt", [2, 1])
+    error = "ValueError: max() arg is an empty sequence"
+    lines = [{"type": "end", "order": "sorted", "loader": "streamer", "error": error, "seconds": 0.1},
+             {"type": "begin", "order": "reversed", "loader": "streamer"},
+             {"type": "end", "order": "reversed", "loader": "streamer", "error": error, "seconds": 0.1},
+             {"type": "done", "streamer_version": "0.14.0"}]
+    python = fake_python(tmp_path, "\n".join(f"echo '{json.dumps(x)}'" for x in lines))
+    assert main(["audit", str(tmp_path / "ckpt"), "--python", python, "--orders", "sorted,reversed",
+                 "--loaders", "streamer"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"2 run(s) failed loudly ({error})"

@@ -594,6 +594,22 @@ def _probe_times(report: AuditReport) -> str:
     return f"{report.probe_seconds:.2f} s, of which " + ", ".join(parts)
 
 
+def verdict_line(report: AuditReport) -> str:
+    """The audit's last line when runs failed: how many lost or altered weights silently, and how
+    many failed loudly (the loader raised, timed out or its probe died: an error, not silence)."""
+    failed = [r for r in report.runs if r.problem]
+    loud = [r for r in failed if r.error]
+    silent = [r for r in failed if not r.error]
+    parts = []
+    if silent:
+        parts.append(f"{len(silent)} run(s) lost or altered weights silently")
+    if loud:
+        errors = list(dict.fromkeys(r.error for r in loud if r.error))
+        parts.append(f"{len(loud)} run(s) failed loudly ({errors[0]}" + (f", and {len(errors) - 1} other error(s))"
+                                                                        if len(errors) > 1 else ")"))
+    return "; ".join(parts) or f"{len(report.problems)} problem(s)"
+
+
 def render(report: AuditReport) -> list[RenderableType]:
     """The console view: what streamed, the baseline, one line per run, the names behind failures."""
     overlay = f" (PYTHONPATH {os.pathsep.join(report.pythonpath)})" if report.pythonpath else ""
@@ -623,7 +639,7 @@ def render(report: AuditReport) -> list[RenderableType]:
         out.append(Text(f"inspect found {len(report.checkpoint_problems)} problem(s) in the checkpoint "
                         "(`regbench inspect` for details)", style="yellow"))
     if report.problems:
-        out.append(Text(f"{len(report.problems)} run(s) lost or altered weights", style="bold red"))
+        out.append(Text(verdict_line(report), style="bold red"))
     elif report.unsupported:
         out.append(Text("nothing audited: the probe does not support this loader version", style="bold yellow"))
     else:
