@@ -156,10 +156,11 @@ def probes_markdown(cells: Sequence[CellSummary]) -> list[str]:
         holds = [c for c in cells if c.runs and c not in missing and c not in counted]
         where = (f"it holds in {', '.join(f'`{c.cell_id}`' for c in holds)}: the probe depends on numerics"
                  if holds else "it holds in no judged cell: the probe does not fit this model, or every cell answers wrongly")
-        lines.append(f"- {_probe_label(reason, prompt)}: missed in {len(missing)} cell(s) with the baseline; {where}")
+        lines.append(f"- {_probe_label(reason, prompt)}: missed in {len(missing)} cell(s) with the baseline, "
+                     f"with no divergence and a normal reference score; {where}")
         for c in missing:
             n = next(n for n in c.unconfirmed_probes if (n.reason, n.prompt_id) == (reason, prompt))
-            lines.append(f"  - `{c.cell_id}` ({n.runs}/{c.runs} runs): {n.detail[:200]}. {n.why}")
+            lines.append(f"  - `{c.cell_id}` ({n.runs}/{c.runs} runs): {n.detail[:160]}")
     return lines
 
 
