@@ -75,8 +75,13 @@ EOF
   if ! pgrep -x munged >/dev/null; then
     mkdir -p /run/munge && chown munge /run/munge
     [ -f /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || /usr/sbin/create-munge-key -f; }
+    rm -f /run/munge/munged.pid  # a killed daemon's, stale
     su -s /bin/sh munge -c munged
-    pgrep -x munged > "$DIR/run/munged.pid"
+    # The daemon's own pid file (it forks twice: a pgrep right after can catch a parent on its
+    # way out, and `down` then missed the daemon, which outlived the tests).
+    for _ in $(seq 1 40); do [ -s /run/munge/munged.pid ] && break; sleep 0.25; done
+    [ -s /run/munge/munged.pid ] || { echo "slurm.sh: munged wrote no pid file" >&2; exit 1; }
+    cp /run/munge/munged.pid "$DIR/run/munged.pid"
   fi
   # Detached with no inherited stdio: they must never hold a test's or CI's output open.
   setsid slurmctld -f "$SLURM_CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1
@@ -99,9 +104,10 @@ down() {
   [ -f "$SLURM_CONF" ] && scontrol shutdown >/dev/null 2>&1 || true
   for f in "$DIR"/run/slurmctld.pid "$DIR"/run/slurmd-*.pid "$DIR"/run/munged.pid; do
     [ -f "$f" ] || continue
-    pid=$(cat "$f")
-    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; kill "$pid" 2>/dev/null || true; sleep 0.25; done
-    kill -9 "$pid" 2>/dev/null || true
+    for pid in $(cat "$f"); do
+      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; kill "$pid" 2>/dev/null || true; sleep 0.25; done
+      kill -9 "$pid" 2>/dev/null || true
+    done
     rm -f "$f"
   done
 }

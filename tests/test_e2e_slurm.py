@@ -30,11 +30,18 @@ STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     folder = tmp_path_factory.mktemp("slurm")
+    munged_before = munged()
     up = subprocess.run(["bash", str(ROOT / "scripts" / "slurm.sh"), "up", str(folder)], capture_output=True, text=True)
     assert up.returncode == 0, up.stdout + up.stderr
     env = dict(os.environ, SLURM_CONF=str(folder / "slurm.conf"))
     yield env
     subprocess.run(["bash", str(ROOT / "scripts" / "slurm.sh"), "down", str(folder)], capture_output=True)
+    # Nothing the tests start may outlive them: munged too, unless it ran before them.
+    assert munged() in ([], munged_before), f"munged still running: {munged()}"
+
+
+def munged() -> list[str]:
+    return subprocess.run(["pgrep", "-x", "munged"], capture_output=True, text=True).stdout.split()
 
 
 def squeue(env: dict, run_id: str) -> list[str]:
