@@ -90,7 +90,8 @@ ENGINE_DEAD = """\
 (APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906] Traceback (most recent call last):
 (APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906]   File "vllm/v1/engine/async_llm.py", line 862, in output_handler
 (APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906]     outputs = await engine_core.get_output_async()
-(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+(APIServer pid=11) ERROR 11-29 15:58:48 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: \
+EngineCore encountered an issue. See stack trace (above) for the root cause.
 """
 
 UNICODE_AT_EXIT = """\
@@ -160,7 +161,7 @@ def run(repeat: int, findings=(), interrupted=False) -> RunRecord:
 
 def test_cell_verdicts_and_divergence_from_baseline(minimal):
     cells = expand(parse_config(minimal))
-    base_cell, cell = cells
+    _base_cell, cell = cells
     base_runs = [run(1, [Finding(reason="exit_code", detail="x")]), run(2)]
     base_reqs = [req(repeat=1, token_ids=[9] * 128), req(repeat=2, token_ids=list(range(128)))]
     reference = Baseline(outputs=reference_outputs(base_runs, base_reqs))
@@ -169,12 +170,13 @@ def test_cell_verdicts_and_divergence_from_baseline(minimal):
     same = judge_cell(cell, [run(1), run(2)], [req(repeat=1), req(repeat=2)], reference)
     assert (same.verdict, same.failures, same.runs) == ("pass", 0, 2)
 
-    bad = [req(repeat=1), req(repeat=2, token_ids=[7] + list(range(1, 128)))]
+    bad = [req(repeat=1), req(repeat=2, token_ids=[7, *list(range(1, 128))])]
     flaky = judge_cell(cell, [run(1), run(2)], bad, reference)
     assert (flaky.verdict, flaky.failures) == ("flaky", 1)
     assert flaky.reasons == {"divergence": 1} and flaky.divergence_positions == [0]
 
-    broken = judge_cell(cell, [run(1, [Finding(reason="empty_text", detail="p: empty")]), run(2, [Finding(reason="empty_text", detail="p: empty")])], [], None)
+    empty = [Finding(reason="empty_text", detail="p: empty")]
+    broken = judge_cell(cell, [run(1, empty), run(2, empty)], [], None)
     assert broken.verdict == "fail" and broken.reasons == {"empty_text": 2}
 
 
@@ -324,8 +326,8 @@ def _ceiling(nll: float = 7.67) -> Finding:
 def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal):
     # Measured: a healthy bf16 model on a CPU with AMX misses a known answer in every cell
     # alike (no divergence, normal reference score). That is the probe failing, not the cells.
-    from bench.report.summary import markdown, summarize_cells
     from bench.core.records import Summary
+    from bench.report.summary import markdown, summarize_cells
 
     cells = expand(parse_config(minimal))
     base_cell, cell = cells
@@ -345,7 +347,7 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
     assert "## Probes that did not hold" in md and "holds in no judged cell" in md
 
     # The same miss with a divergence on that prompt is corroborated: counted.
-    diverging = [req(cell_id=base_cell.id), req(cell_id=cell.id, token_ids=[7] + list(range(1, 128)))]
+    diverging = [req(cell_id=base_cell.id), req(cell_id=cell.id, token_ids=[7, *list(range(1, 128))])]
     base, other = summarize_cells(cells, runs, diverging)
     assert base.verdict == "pass" and other.verdict == "fail"
     assert set(other.reasons) == {Reason.EXPECTATION_FAILED, Reason.DIVERGENCE} and other.unconfirmed_probes == []
