@@ -157,7 +157,7 @@ def test_orders_and_seeded_shuffles(tmp_path):
     report = inspect_checkpoint(tmp_path)
     names = sorted(s.file for s in report.shards)
     orders = file_orders(report, ALL_ORDERS, shuffles=3, seed=7)
-    assert [o.order for o in orders] == ALL_ORDERS + ["shuffle1", "shuffle2", "shuffle3"]
+    assert [o.order for o in orders] == [*ALL_ORDERS, "shuffle1", "shuffle2", "shuffle3"]
     assert orders[0].files == names and orders[1].files == names[::-1]
     assert orders[2].files == report.listing_order
     assert all(sorted(o.files) == names for o in orders[3:])
@@ -299,7 +299,8 @@ def test_fixed_versions_lose_nothing_in_any_order(tmp_path, version):
 
 @pytest.mark.slow
 def test_cli_audit_exit_codes_and_json(capsys):
-    assert main(["audit", str(CANARY), "--pythonpath", *overlay("0.16.0"), "--loaders", "streamer", "--orders", "sorted,listing"]) == 1
+    assert main(["audit", str(CANARY), "--pythonpath", *overlay("0.16.0"), "--loaders", "streamer",
+                 "--orders", "sorted,listing"]) == 1
     text = capsys.readouterr().out
     assert "✗ order=listing loader=streamer: 0/21 tensors delivered\n" in text
     listing = inspect_checkpoint(CANARY).stream_stops[1]

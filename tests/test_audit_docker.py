@@ -66,9 +66,7 @@ RUN_FIELDS = ("order", "loader", "files", "expected", "delivered", "missing", "e
 @slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_image_audit_finds_what_the_local_audit_of_the_same_streamer_finds(version, engine):
-    started = time.monotonic()
     code, boxed = cli_audit("--image", ref(version))
-    boxed_s = time.monotonic() - started
     local_code, local = cli_audit("--python", str(VLLM_PYTHON), "--pythonpath", str(STREAMERS / version))
     assert (boxed.streamer_version, local.streamer_version) == (version, version)
     assert boxed.image == ref(version) and boxed.python == "python3" and local.image is None

@@ -88,7 +88,7 @@ def test_match_ignore_image_explicitly(tmp_path):
 def test_output_divergence_per_prompt_is_reported(tmp_path):
     a = synth.healthy(tmp_path, "a")
     b = synth.create(tmp_path, "b", synth.matrix(repeats=1))
-    changed = synth.GOOD_IDS[:5] + [1] + synth.GOOD_IDS[6:]
+    changed = [*synth.GOOD_IDS[:5], 1, *synth.GOOD_IDS[6:]]
     synth.add_run(b, "m__safetensors__cpu__img", 1, prompts=("code",), ids=changed)
     synth.add_run(b, "m__safetensors__cpu__img", 1, prompts=("prose",))
     synth.add_run(b, CELL, 1, prompts=("code",), ids=changed)

@@ -120,7 +120,8 @@ def test_empty_shard_stream_stop_matches_the_smoke_bug_from_contrast_log_and_fin
 
 def test_empty_shard_stream_stop_does_not_match_a_healthy_streamer_or_another_loader():
     healthy = evidence(cell("runai_streamer", "s17", "fail", {"expectation_failed": 1}), "runai_streamer",
-                       ["vllm-0.32-runai-0.17.0-healthy.log"], fingerprint=Fingerprint(image="s17", runai_model_streamer="0.17.0"))
+                       ["vllm-0.32-runai-0.17.0-healthy.log"],
+                       fingerprint=Fingerprint(image="s17", runai_model_streamer="0.17.0"))
     d = diagnose_cell(healthy, [SIGNATURES["runai-empty-shard-stream-stop"]])
     # It can still be named, but everything specific speaks against it.
     (m,) = d.matches
@@ -184,7 +185,8 @@ def test_memory_limit_zero_matches_the_loud_failure_not_the_silent_one():
     assert first(booted) == "runai-memory-limit-zero"
     loud = evidence(cell("runai_streamer", "s16", "fail", {"weights_lost": 1}), "runai_streamer",
                     env={"RUNAI_STREAMER_MEMORY_LIMIT": "0"},
-                    audit=AUDIT_LOST.model_copy(update={"problems": ["loader raised ValueError: max() arg is an empty sequence"]}))
+                    audit=AUDIT_LOST.model_copy(
+                        update={"problems": ["loader raised ValueError: max() arg is an empty sequence"]}))
     assert first(loud) in ("runai-memory-limit-zero", "runai-empty-shard-stream-stop")
     assert "runai-memory-limit-zero" in [m.signature for m in diagnose_cell(loud, list(SIGNATURES.values())).matches]
     silent = evidence(cell("runai_streamer", "s16", "fail", BUG), "runai_streamer", ["vllm-0.32-runai-0.16.0-stream-stop.log"])
@@ -204,7 +206,8 @@ def test_every_shipped_signature_is_tested_here_and_a_users_own_replaces_a_shipp
 def test_a_quantization_the_platform_lacks_matches_fp8_on_the_cpu_backend_not_a_kv_failure():
     fp8 = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-boot-fp8-on-cpu.log"])
     assert first(fp8) == "dtype-or-quantization-unsupported"
-    kv = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-boot-kv-cache-too-small.log"])
+    kv = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors",
+                  ["vllm-0.32-boot-kv-cache-too-small.log"])
     assert "dtype-or-quantization-unsupported" not in [m.signature for m in diagnose_cell(kv, list(SIGNATURES.values())).matches]
 
 

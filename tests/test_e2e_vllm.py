@@ -6,6 +6,7 @@ Slow tier: each test boots real vLLM servers (~40 s each). Needs scripts/setup.s
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -158,7 +159,7 @@ def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
     assert len(runs) == 4 and shared_devices(runs) == []
     assert {r.server.devices.ids for r in runs} == {("0",), ("1",)}
     spans = sorted((r.server.started_at, r.server.ended_at) for r in runs)
-    assert any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])), "never two servers at once"
+    assert any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans)), "never two servers at once"
     for r in runs:  # vLLM's CPU backend bound its threads to the CPU the slot gave
         log = (results / "r" / r.server.log_path).read_text()
         assert f"VLLM_CPU_OMP_THREADS_BIND='{r.server.devices.ids[0]}'" in log

@@ -25,7 +25,7 @@ def test_versions_come_from_inside_the_environment_overlay_first(tmp_path):
     fp = fingerprint(image, image_env(image, dict(os.environ)))
     assert fp.error is None
     assert (fp.runai_model_streamer, fp.torch, fp.cuda) == ("0.16.0", "2.13.0+cu128", "12.8")
-    assert fp.python == "%d.%d.%d" % sys.version_info[:3]
+    assert fp.python == ".".join(map(str, sys.version_info[:3]))
 
 
 def test_a_missing_interpreter_is_recorded_not_raised(tmp_path):

@@ -52,7 +52,7 @@ def test_divergence_from_the_baseline_is_in_the_run_results(cells):
 
 def test_nondeterminism_between_repeats_is_flagged_apart_from_the_verdict(cells):
     base = cells[0]  # no baseline to diverge from: only the repeats can disagree
-    changed = IDS[:37] + [999] + IDS[38:]
+    changed = [*IDS[:37], 999, *IDS[38:]]
     s = judge_cell(base, [run(1), run(2), run(3)],
                    [req(1), req(1, "q"), req(2, ids=changed), req(2, "q"), req(3), req(3, "q")], None)
     assert s.verdict == "pass"  # every run is clean on its own
@@ -68,7 +68,7 @@ def test_identical_repeats_are_not_nondeterministic(cells):
 def test_the_reference_for_nondeterminism_is_the_first_clean_run(cells):
     bad = Finding(reason="exit_code", detail="x")
     # Repeat 1 failed (at exit) and emitted other ids; repeats 2 and 3 agree with each other.
-    s = judge_cell(cells[0], [run(1, [bad]), run(2), run(3)], [req(1, ids=[7] + IDS[1:]), req(2), req(3)], None)
+    s = judge_cell(cells[0], [run(1, [bad]), run(2), run(3)], [req(1, ids=[7, *IDS[1:]]), req(2), req(3)], None)
     assert [(d.repeat, d.reference_repeat, d.position) for d in s.nondeterminism] == [(1, 2, 0)]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.core.judge import judge_server_counters
 from bench.core.logfacts import log_facts
 from bench.core.perf import (
     METRICS,
@@ -26,7 +27,6 @@ from bench.core.perf import (
 )
 from bench.core.records import RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome
 from bench.core.verdicts import Reason
-from bench.core.judge import judge_server_counters
 from bench.report.perf import perf_markdown, strip_svg
 from bench.serve.memory import PeakSampler, parse_compute_apps, rss_of_tree
 from bench.serve.metrics import delta, parse
@@ -159,7 +159,8 @@ def test_peak_memory_of_a_real_process_tree():
     # A parent that starts a child holding ~64 MiB: the tree's resident memory includes it.
     child = "import time; b = bytearray(64 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(30)"
     proc = subprocess.Popen([sys.executable, "-c",
-                             f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(30)"],
+                             "import subprocess, sys, time; "
+                             f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(30)"],
                             start_new_session=True)
     try:
         sampler = PeakSampler(lambda: (rss_of_tree(proc.pid), None)).start()

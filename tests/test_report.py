@@ -83,7 +83,7 @@ def test_a_damaged_line_in_the_middle_is_an_error_not_a_guess(tmp_path, minimal)
 
     results = ResultsDir.create(tmp_path, "r", parse_config(minimal))
     (results.path / "runs.jsonl").write_text('{"garbage": 1}\n')
-    with pytest.raises(ResultsError, match="runs.jsonl:1"):
+    with pytest.raises(ResultsError, match=r"runs\.jsonl:1"):
         results.runs()
 
 

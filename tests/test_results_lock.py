@@ -33,9 +33,8 @@ def holder(tmp_path):
 
 def test_a_second_writer_is_refused_and_told_who_holds_the_folder(holder):
     path, p = holder
-    with pytest.raises(FolderBusy, match=f"pid {p.pid} on "):
-        with writer_lock(path):
-            pass
+    with pytest.raises(FolderBusy, match=f"pid {p.pid} on "), writer_lock(path):
+        pass
 
 
 def test_a_waiting_writer_goes_on_once_the_holder_is_killed(holder):
@@ -55,7 +54,7 @@ def test_a_waiting_writer_goes_on_once_the_holder_is_killed(holder):
 
 
 def test_resuming_a_folder_another_bench_writes_fails_before_touching_it(holder):
-    path, p = holder
+    path, _p = holder
     before = (path / "runs.jsonl").read_bytes()
     bench = regbench("run", "--resume", str(path))
     out, _ = bench.communicate(timeout=120)

@@ -3,6 +3,7 @@ running cells side by side without ever putting two servers on one device."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -140,7 +141,7 @@ def test_four_cells_on_two_devices_run_side_by_side_and_never_share_one(tmp_path
     assert shared_devices(runs) == []
     assert {r.server.devices.ids for r in runs} == {("0",), ("1",)}
     spans = sorted((r.server.started_at, r.server.ended_at) for r in runs)
-    assert any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])), "never two at once"
+    assert any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans)), "never two at once"
     at_once = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
     assert at_once == 2
 

@@ -95,7 +95,7 @@ def test_bisect_probes_both_ends_then_halves():
 def test_bisect_steps_over_versions_it_cannot_tell_and_names_them():
     truth = {v: Kind.PASSES if i < 3 else Kind.UNSUPPORTED if i < 6 else Kind.EMPTY_COMPLETIONS
              for i, v in enumerate(VERSIONS)}
-    probed, state = walk(VERSIONS, "1.0", "1.9", truth)
+    _probed, state = walk(VERSIONS, "1.0", "1.9", truth)
     assert state.change is not None
     assert (state.change.before, state.change.after, state.change.untested) == ("1.2", "1.6", ["1.3", "1.4", "1.5"])
     assert "untested between them" in state.change.describe()

@@ -7,6 +7,7 @@ Slow tier: no server, but ~20 overlays to install (a few MB each) and ~20 audits
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def test_the_map_covers_every_release_and_agrees_with_a_direct_audit_of_each(ver
         assert "unexpected keyword argument" not in o.detail and "no attribute 'stream_files'" not in o.detail
     # Regimes are maximal runs of one outcome, and change points sit between them.
     regimes = version_map.regimes
-    assert all(a.kind != b.kind for a, b in zip(regimes, regimes[1:]))
+    assert all(a.kind != b.kind for a, b in itertools.pairwise(regimes))
     assert sum(len(r.versions) for r in regimes) == len(releases)
     assert len(version_map.change_points) == len(regimes) - 1
     print("\n".join(f"{r.span}: {r.kind.words}" for r in regimes))

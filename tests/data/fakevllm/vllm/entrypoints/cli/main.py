@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[5]))  # tests/, for fakeserver
 
-from fakeserver import FakeServer  # noqa: E402
+from fakeserver import FakeServer
 
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
