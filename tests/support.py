@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.core.records import Fingerprint, ServerOutcome
+from bench.core.records import CellSummary, Fingerprint, ServerOutcome, Summary
 from bench.core.stop import StopToken
 from bench.weights import checkpoint
 from bench.weights.checkpoint import RawTensor, write_shard
@@ -210,6 +210,21 @@ def processes_labelled(results: Path) -> list[int]:
         if label is not None and state != "Z" and (label == str(results) or label.startswith(f"{results}/")):
             found.append(int(entry.name))
     return found
+
+
+def only_cell(run_dir: Path) -> CellSummary | None:
+    """The summary of a one-cell run, None if the run wrote none: a test records what it counted
+    before it asserts that there is one."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return None
+    (cell,) = Summary.model_validate_json(summary.read_text()).cells
+    return cell
+
+
+def reasons(cell: CellSummary | None) -> str:
+    """A cell's failure reasons as the fault table shows them."""
+    return ", ".join(sorted(cell.reasons)) if cell is not None else "(no summary)"
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from bench.core.judge import judge_server
-from bench.core.records import RequestRecord, RunRecord, Summary
+from bench.core.records import RequestRecord, RunRecord
 from bench.serve.launch import BootError, ProcessGroup, Server
 from bench.store.results import read_jsonl
 
 from .fakeserver import FakeServer
-from .support import processes_labelled, wait_for_line
+from .support import only_cell, processes_labelled, reasons, wait_for_line
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKEVLLM = Path(__file__).parent / "data" / "fakevllm"
@@ -79,11 +79,11 @@ def test_a_fault_on_the_wire_is_a_verdict_naming_it(tmp_path, fault, mode, reaso
     left = processes_labelled(run_dir)
     kept = on_disk(run_dir)
     lost = max(0, answered(count) - len(kept))  # answers sent that are not on disk
-    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
-    fault(", ".join(sorted(cell.reasons)), records_lost=lost, processes_left=len(left))
+    cell = only_cell(run_dir)
+    fault(reasons(cell), records_lost=lost, processes_left=len(left))
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
-    assert reason in cell.reasons and cell.verdict == "fail", cell.reasons
+    assert cell is not None and reason in cell.reasons and cell.verdict == "fail", cell
     assert len(kept) == 2 and lost == 0 and left == []
 
 
@@ -178,7 +178,10 @@ SECRETS = {
     "HF_TOKEN": "hf_" + "Qx7" * 12,  # passed through by name
     "MY_SERVICE_TOKEN": "svc-9f8e7d6c5b4a3210",  # a secret by its name only
 }
-SHAPED = ["sk-" + "A1b2" * 8, "AKIAABCDEFGHIJKLMNOP", "glpat-" + "z" * 24, "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"]
+SHAPED = [
+    "sk-" + "A1b2" * 8, "AKIAABCDEFGHIJKLMNOP", "glpat-" + "z" * 24,
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+]
 
 
 @pytest.mark.fault("secrets in the environment and in server output")

@@ -92,7 +92,7 @@ def test_exit_during_boot_is_reported_with_its_code(tmp_path, fault):
 @pytest.mark.fault("boot never becomes healthy")
 def test_boot_deadline_kills_the_server(tmp_path, fault):
     p = proc(tmp_path, "never-healthy", boot=1.5)
-    with pytest.raises(BootError, match="not healthy after 1.5 s"):
+    with pytest.raises(BootError, match=r"not healthy after 1\.5 s"):
         p.__enter__()
     left = processes_left(p)
     fault(verdict(p), processes_left=left)
@@ -127,10 +127,9 @@ def test_children_of_the_server_are_reaped_too(tmp_path, fault):
 
 def test_an_exception_in_the_with_block_still_stops_the_server(tmp_path):
     p = proc(tmp_path, "ok")
-    with pytest.raises(KeyboardInterrupt):
-        with p:
-            pid = p.handle.proc.pid
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), p:
+        pid = p.handle.proc.pid
+        raise KeyboardInterrupt
     assert not alive(pid)
 
 
