@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -28,18 +28,30 @@ from bench.core.judge import divergence, judge_run, reference_outputs
 from bench.core.logfacts import log_facts
 from bench.core.matrix import Cell
 from bench.core.perf import run_perf
-from bench.core.records import Devices, RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome, Summary, TokenDiff
+from bench.core.records import (
+    Devices,
+    PreflightRecord,
+    RequestRecord,
+    RunPerf,
+    RunRecord,
+    ServerMetrics,
+    ServerOutcome,
+    Summary,
+    TokenDiff,
+)
 from bench.core.stats import verdict_settled
 from bench.core.stop import Stopped, StopToken
 from bench.core.tokens import comparator_for
 from bench.report.summary import summarize
 from bench.serve.client import run_workload, score_reference
-from bench.serve.launch import BootError, Launcher
+from bench.serve.launch import BootError, Launcher, server_env
 from bench.serve.launchers import open_launcher
 from bench.serve.metrics import ScrapeError, delta, scrape
 from bench.serve.slots import SlotPool
 from bench.store.publish import write_reports
 from bench.store.results import ResultsDir, log_tail, read_log, read_log_bytes
+from bench.weights.checkpoint import safetensors_bytes
+from bench.weights.hub import resolve_models
 from bench.weights.preflight import preflight
 
 T = TypeVar("T")
@@ -143,7 +155,7 @@ def run_one(
             cell_id=cell.id, repeat=repeat,
             server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
             requests_s=requests_s, reference=reference, findings=findings, interrupted=interrupted,
-            perf=_perf(cell, outcome, requests, requests_s, metrics),
+            perf=_perf(config, cell, outcome, requests, requests_s, metrics),
         )
         results.add_run(record)
     return record
@@ -163,22 +175,16 @@ def _counters(before: dict[str, float] | str, base_url: str) -> ServerMetrics:
     return delta(before, after)
 
 
-def checkpoint_bytes(path: str) -> int | None:
-    """The size of a local model's safetensors files (a hub id has none here)."""
-    root = Path(path)
-    if not root.is_dir():
-        return None
-    return sum(f.stat().st_size for f in root.glob("*.safetensors")) or None
-
-
-def _perf(cell: Cell, outcome: ServerOutcome, requests: list[RequestRecord], requests_s: float | None,
+def _perf(config: Config, cell: Cell, outcome: ServerOutcome, requests: list[RequestRecord], requests_s: float | None,
           metrics: ServerMetrics | None) -> RunPerf:
     facts = None
     log = Path(outcome.log_path)
     if outcome.boot_s is not None and log.is_file():
         end = outcome.stop_requested_at_byte if outcome.stop_requested_at_byte is not None else log.stat().st_size
         facts = log_facts(read_log_bytes(log, 0, end).decode("utf-8", errors="replace"))
-    return run_perf(outcome, facts, requests, requests_s, metrics, checkpoint_bytes(cell.model.path))
+    # Object storage is read under the variables the server gets (endpoint, credentials).
+    env = {**os.environ, **server_env(cell, config.server, config.profile(cell.platform))}
+    return run_perf(outcome, facts, requests, requests_s, metrics, safetensors_bytes(cell.model.path, env))
 
 
 def check_devices(config: Config, cells: list[Cell]) -> None:
@@ -204,10 +210,16 @@ def device_pools(config: Config, cells: list[Cell], locks: Path | None = None) -
 
 
 def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: Launcher,
-            status: Callable[[str], None]) -> None:
-    """Before any cell: the pre-flight checks of the weights and each image's fingerprint, each
-    once per results folder (a resumed run keeps what it has)."""
-    if config.preflight and not results.preflights():
+            status: Callable[[str], None], fetched: Sequence[PreflightRecord] = ()) -> None:
+    """Before any cell: where each hub id was resolved to (`fetched`, bench.weights.hub), the
+    pre-flight checks of the weights and each image's fingerprint, each once per results folder
+    (a resumed run keeps what it has, and adds a hub id's resolution only if it changed)."""
+    earlier = results.preflights()
+    resolutions = {(p.model, p.notes[0]) for p in earlier if p.kind == "fetch" and p.notes}
+    for record in fetched:
+        if (record.model, record.notes[0] if record.notes else "") not in resolutions:
+            results.add_preflight(record)
+    if config.preflight and not any(p.kind != "fetch" for p in earlier):
         for record in preflight(config, cells, status, audit_in=launcher.audit_in, run_id=results.path.name):
             results.add_preflight(record)
     printed = {f.image for f in results.fingerprints()}
@@ -362,6 +374,12 @@ def run_matrix(
     launcher = launcher or open_launcher(config, results.path.name)
     progress = progress or NoProgress()
     stop = stop or StopToken()
+    # Hub ids to snapshot folders of the hub cache, once, before the pre-flight and any server
+    # (a HubError, a ConfigError, when one cannot be had).
+    try:
+        cells, fetched = resolve_models(config, cells)
+    except KeyboardInterrupt:
+        return finish(config, cells, results, time.time(), True)
     pools = device_pools(config, cells, locks)
     started = time.time()
     interrupted = False
@@ -369,7 +387,7 @@ def run_matrix(
     workers = Workers(config, schedule, pools, launcher, results, progress, stop)
     try:
         progress.start(schedule.total)
-        prepare(config, cells, results, launcher, progress.status)
+        prepare(config, cells, results, launcher, progress.status, fetched)
         workers.start(workers.count(cells))
     except KeyboardInterrupt:
         interrupted = True

@@ -30,7 +30,7 @@ from typing import Protocol
 
 import httpx
 
-from bench.core.config import Config, Image, Platform
+from bench.core.config import Config, Image, LoadFormat, Platform
 from bench.core.config import Server as ServerConfig
 from bench.core.matrix import Cell
 from bench.core.records import Devices, Fingerprint, ServerOutcome
@@ -85,6 +85,15 @@ def image_env(image: Image, base: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def loader_env(load_format: LoadFormat) -> dict[str, str]:
+    """The streamer variables vLLM's runai_streamer loader sets from the load format's
+    `model_loader_extra_config` (vLLM 0.32: `concurrency`, `memory_limit`) (pure): what the weight
+    audit needs to stream as the server will."""
+    extra = load_format.model_loader_extra_config
+    names = {"concurrency": "RUNAI_STREAMER_CONCURRENCY", "memory_limit": "RUNAI_STREAMER_MEMORY_LIMIT"}
+    return {var: str(extra[key]) for key, var in names.items() if key in extra}
+
+
 def server_env(cell: Cell, server: ServerConfig, platform: Platform) -> dict[str, str]:
     """Variables every server of a cell gets, wherever it runs (pure); the more specific wins."""
     env = {
@@ -125,7 +134,10 @@ def vllm_env(
 ) -> dict[str, str]:
     """The local server's environment (pure): the bench's own, per-run temp and cache dirs."""
     env = dict(base)
-    env.update(TMPDIR=str(scratch / "tmp"), VLLM_CACHE_ROOT=str(scratch / "cache"))
+    # VLLM_ASSETS_CACHE: where vLLM pulls an object-store model's config and tokenizer files
+    # (default ~/.cache/vllm/assets, left behind after every run).
+    env.update(TMPDIR=str(scratch / "tmp"), VLLM_CACHE_ROOT=str(scratch / "cache"),
+               VLLM_ASSETS_CACHE=str(scratch / "assets"))
     env.update(server_env(cell, server, platform or Platform(name=cell.platform)))
     return image_env(cell.image, env)
 

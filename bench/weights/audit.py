@@ -41,6 +41,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from bench.core.config import Image
+from bench.core.location import is_object_uri
 from bench.serve.launch import image_env
 from bench.weights.checkpoint import (
     CheckpointReport,
@@ -49,9 +50,10 @@ from bench.weights.checkpoint import (
     StreamStop,
     TensorHash,
     TensorInfo,
+    checkpoint_files,
     hash_tensors,
     human_size,
-    inspect_checkpoint,
+    inspect_files,
     observed_stop,
 )
 
@@ -489,14 +491,19 @@ def audit_checkpoint(
     mounted in and put first on its PYTHONPATH (an image's overlay under the docker launcher), and
     ``run_id`` labels the container for `regbench clean` (default "audit").
     Raises NotACheckpoint, AuditError (bad arguments) or ProbeError (the probe could not run)."""
-    path = Path(path).resolve()
+    remote = isinstance(path, str) and is_object_uri(path)
     env = dict(env or {})
     unknown = [name for name in loaders if name not in LOADERS]
     if unknown or not loaders:
         raise AuditError(f"loaders must be some of {', '.join(LOADERS)}, got {list(loaders)}")
-    report = inspect_checkpoint(path)
+    if remote and image_ref is not None:
+        raise AuditError("object storage is audited by the image's Python on this host, not in a container yet")
+    # The bench reads object storage under the same variables as the probe (and the server).
+    files = checkpoint_files(path if remote else Path(path).resolve(), {**os.environ, **env})
+    where = files.where.rstrip("/")
+    report = inspect_files(files)
     if not report.shards:
-        raise AuditError(f"{path}: no *.safetensors files to stream")
+        raise AuditError(f"{where}: no *.safetensors files to stream")
     runs = file_orders(report, orders, shuffles, seed)
     if overlays and image_ref is None:
         raise AuditError("overlays are mounted into a container: they need an image")
@@ -509,7 +516,7 @@ def audit_checkpoint(
         scratch = Path(scratch_dir)
         plan = scratch / "plan.json"
         plan.write_text(json.dumps({
-            "runs": [{"order": r.order, "files": [str(path / f) for f in r.files]} for r in runs],
+            "runs": [{"order": r.order, "files": [f"{where}/{f}" for f in r.files]} for r in runs],
             "loaders": list(loaders),
         }))
         probe: AbstractContextManager[Probe]
@@ -518,13 +525,14 @@ def audit_checkpoint(
         else:
             from bench.weights.audit_docker import ContainerProbe  # the docker SDK only for containers
 
-            probe = ContainerProbe(image, plan, path, [path / s.file for s in report.shards], list(overlays),
+            local = Path(where)
+            probe = ContainerProbe(image, plan, local, [local / s.file for s in report.shards], list(overlays),
                                    run_id or "audit")
         with probe as running:
             # The probe spends its first seconds importing torch: hash the baseline meanwhile.
             started = time.monotonic()
             try:
-                baseline = hash_tensors(path, report.shards, workers)
+                baseline = hash_tensors(where, report.shards, workers, files)
             except OSError as exc:
                 raise AuditError(f"cannot read the checkpoint: {exc}") from None
             baseline_s = time.monotonic() - started
@@ -559,7 +567,7 @@ def audit_checkpoint(
     skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {parsed.hello.vllm_error}")] \
         if parsed.hello.vllm_error is not None else []
     return AuditReport(
-        path=str(path), python=python, pythonpath=list(pythonpath), env=env, image=image_ref, overlays=list(overlays),
+        path=where, python=python, pythonpath=list(pythonpath), env=env, image=image_ref, overlays=list(overlays),
         streamer_version=parsed.hello.streamer_version, streamer_path=parsed.hello.streamer_path,
         torch_version=parsed.hello.torch_version, vllm_version=parsed.hello.vllm_version,
         vllm_iterator=parsed.hello.vllm_iterator, skipped=skipped,

@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 from rich.console import RenderableType
@@ -36,6 +36,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bench.core.diagnosis import stream_stop_releases
+from bench.core.location import is_object_uri
 
 INDEX_NAME = "model.safetensors.index.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -275,22 +276,62 @@ def _parse_header(raw: bytes, data_start: int, data_size: int) -> tuple[list[Ten
     return tensors, metadata
 
 
-def read_shard(path: Path, file: str) -> Shard:
-    """One shard's header. A header that cannot be used is a Shard with an error, not a raise:
-    a broken shard is a finding about the checkpoint."""
+class Files(Protocol):
+    """A checkpoint's files wherever they are: a local folder (LocalFiles) or an object-store
+    prefix (bench.weights.objstore.ObjectFiles). Reads raise OSError."""
+
+    where: str  # for messages: the folder or the URI
+
+    def listing(self) -> list[str]:
+        """The *.safetensors names in the order vLLM's runai_streamer loader lists them."""
+        ...
+
+    def size(self, name: str) -> int: ...
+
+    def read(self, name: str, start: int, length: int) -> bytes: ...
+
+    def text(self, name: str) -> str | None:
+        """A small file's whole text; None when there is no such file."""
+        ...
+
+
+class LocalFiles:
+    def __init__(self, path: Path):
+        self.path = path
+        self.where = str(path)
+
+    def listing(self) -> list[str]:
+        return listing_order(self.path)
+
+    def size(self, name: str) -> int:
+        return (self.path / name).stat().st_size
+
+    def read(self, name: str, start: int, length: int) -> bytes:
+        with (self.path / name).open("rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+    def text(self, name: str) -> str | None:
+        file = self.path / name
+        return file.read_text(encoding="utf-8") if file.exists() else None
+
+
+def read_shard(files: Files, file: str) -> Shard:
+    """One shard's header, from two reads (its 8-byte length, then the JSON). A header that
+    cannot be used is a Shard with an error, not a raise: a broken shard is a finding about the
+    checkpoint."""
     try:
-        size = path.stat().st_size
+        size = files.size(file)
     except OSError as exc:
         return Shard(file=file, size=0, error=str(exc))
     try:
-        with path.open("rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise ValueError(f"{size} bytes: too short for a safetensors file")
-            (length,) = struct.unpack("<Q", prefix)
-            if length > MAX_HEADER or 8 + length > size:
-                raise ValueError(f"header length {length} does not fit a {size}-byte file")
-            raw = f.read(length)
+        prefix = files.read(file, 0, 8)
+        if len(prefix) < 8:
+            raise ValueError(f"{size} bytes: too short for a safetensors file")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER or 8 + length > size:
+            raise ValueError(f"header length {length} does not fit a {size}-byte file")
+        raw = files.read(file, 8, length)
         tensors, metadata = _parse_header(raw, 8 + length, size - 8 - length)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return Shard(file=file, size=size, error=str(exc))
@@ -356,16 +397,15 @@ def observed_stop(order: str, shards: Sequence[Shard], missing: Mapping[str, int
 # --- inspect -------------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _index(path: Path) -> tuple[IndexInfo | None, dict[str, str]]:
-    file = path / INDEX_NAME
-    if not file.exists():
+def _index(files: Files) -> tuple[IndexInfo | None, dict[str, str]]:
+    try:
+        text = files.text(INDEX_NAME)
+    except OSError as exc:
+        return IndexInfo(file=INDEX_NAME, error=f"{type(exc).__name__}: {exc}"), {}
+    if text is None:
         return None, {}
     try:
-        data = _read_json(file)
+        data = json.loads(text)
         weight_map = data["weight_map"] if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ValueError("no weight_map mapping tensor names to file names")
@@ -376,31 +416,38 @@ def _index(path: Path) -> tuple[IndexInfo | None, dict[str, str]]:
                      total_size=total if isinstance(total, int) else None), weight_map
 
 
-def _quantization(path: Path) -> tuple[list[QuantConfig], list[Problem]]:
+def _json_object(files: Files, name: str) -> dict | None:
+    """A small JSON file's object; None when the file is not there. Raises ValueError (bad JSON,
+    not an object) or OSError."""
+    text = files.text(name)
+    if text is None:
+        return None
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def _quantization(files: Files) -> tuple[list[QuantConfig], list[Problem]]:
     found, problems = [], []
-    hf = path / HF_QUANT_CONFIG
-    if hf.exists():
-        try:
-            data = _read_json(hf)
-            quant = data.get("quantization", data) if isinstance(data, dict) else None
-            if not isinstance(quant, dict):
-                raise ValueError("not a JSON object")
+    try:
+        hf = _json_object(files, HF_QUANT_CONFIG)
+        quant = hf.get("quantization", hf) if hf is not None else None
+        if hf is not None and not isinstance(quant, dict):
+            raise ValueError("not a JSON object")
+        if isinstance(quant, dict):
             found.append(QuantConfig(source=HF_QUANT_CONFIG, method=quant.get("quant_algo"), settings=quant))
-        except (OSError, ValueError) as exc:
-            problems.append(Problem(kind="unreadable_config", message=f"{HF_QUANT_CONFIG}: {exc}", files=[HF_QUANT_CONFIG]))
-    config = path / "config.json"
-    if config.exists():
-        try:
-            data = _read_json(config)
-            if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as exc:
-            problems.append(Problem(kind="unreadable_config", message=f"config.json: {exc}", files=["config.json"]))
-        else:
-            quant = data.get("quantization_config")
-            if isinstance(quant, dict):
-                found.append(QuantConfig(source="config.json:quantization_config",
-                                         method=quant.get("quant_method"), settings=quant))
+    except (OSError, ValueError) as exc:
+        problems.append(Problem(kind="unreadable_config", message=f"{HF_QUANT_CONFIG}: {exc}", files=[HF_QUANT_CONFIG]))
+    try:
+        config = _json_object(files, "config.json")
+    except (OSError, ValueError) as exc:
+        problems.append(Problem(kind="unreadable_config", message=f"config.json: {exc}", files=["config.json"]))
+    else:
+        quant = config.get("quantization_config") if config is not None else None
+        if isinstance(quant, dict):
+            found.append(QuantConfig(source="config.json:quantization_config",
+                                     method=quant.get("quant_method"), settings=quant))
     return found, problems
 
 
@@ -493,23 +540,48 @@ def _stop_problem(stop: StreamStop) -> Problem:
     )
 
 
-def is_checkpoint(path: Path) -> bool:
-    return path.is_dir() and ((path / INDEX_NAME).exists() or bool(listing_order(path)))
+def checkpoint_files(path: str | Path, env: Mapping[str, str] | None = None) -> Files:
+    """The files of a checkpoint folder or object-store URI (read under `env`'s variables, the
+    process's own by default). Raises NotACheckpoint when there is nothing to read there."""
+    if isinstance(path, str) and is_object_uri(path):
+        from bench.weights.objstore import ObjectFiles, ObjectStoreError  # boto3 only for object storage
 
-
-def inspect_checkpoint(path: str | Path) -> CheckpointReport:
-    """Everything the headers say about a checkpoint directory, and what is wrong with it."""
+        try:
+            return ObjectFiles(path, os.environ if env is None else env)
+        except (ObjectStoreError, ValueError) as exc:
+            raise NotACheckpoint(str(exc)) from None
     path = Path(path)
     if not path.is_dir():
         raise NotACheckpoint(f"{path}: not a directory")
+    return LocalFiles(path)
+
+
+def safetensors_bytes(path: str, env: Mapping[str, str] | None = None) -> int | None:
+    """The size of a model's *.safetensors files, in a local folder or under an object-store
+    prefix; None where there are none to see (a hub id, an unreachable bucket)."""
     try:
-        listed = listing_order(path)
+        files = checkpoint_files(path, env)
+        return sum(files.size(f) for f in files.listing()) or None
+    except (NotACheckpoint, OSError):
+        return None
+
+
+def inspect_checkpoint(path: str | Path, env: Mapping[str, str] | None = None) -> CheckpointReport:
+    """Everything the headers say about a checkpoint folder or object-store prefix, and what is
+    wrong with it. `env`: the variables object storage is read under (the process's by default)."""
+    return inspect_files(checkpoint_files(path, env))
+
+
+def inspect_files(files: Files) -> CheckpointReport:
+    try:
+        listed = files.listing()
+        has_index = files.text(INDEX_NAME) is not None if not listed else True
     except OSError as exc:
-        raise NotACheckpoint(f"{path}: cannot list: {exc}") from None
-    if not listed and not (path / INDEX_NAME).exists():
-        raise NotACheckpoint(f"{path}: no *.safetensors files and no {INDEX_NAME}")
-    index, weight_map = _index(path)
-    shards = [read_shard(path / f, f) for f in sorted(listed)]
+        raise NotACheckpoint(f"{files.where}: cannot list: {exc}") from None
+    if not listed and not has_index:
+        raise NotACheckpoint(f"{files.where}: no *.safetensors files and no {INDEX_NAME}")
+    index, weight_map = _index(files)
+    shards = [read_shard(files, f) for f in sorted(listed)]
     if index is not None and index.error is None:
         shards = [s.model_copy(update={"in_index": s.file in index.files}) for s in shards]
     by_file = {s.file: s for s in shards}
@@ -519,7 +591,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointReport:
         for s in shards if s.error is not None
     ]
     problems += _index_problems(shards, index, weight_map)
-    quantization, config_problems = _quantization(path)
+    quantization, config_problems = _quantization(files)
     problems += config_problems
     stops = [stream_stop("sorted", shards), stream_stop("listing", [by_file[f] for f in listed])]
     problems += [_stop_problem(s) for s in stops if s.risk]
@@ -531,7 +603,7 @@ def inspect_checkpoint(path: str | Path) -> CheckpointReport:
         )
     dtypes, scales = _census(shards)
     return CheckpointReport(
-        path=str(path), shards=shards, listing_order=listed, index=index, dtypes=dtypes, scales=scales,
+        path=files.where, shards=shards, listing_order=listed, index=index, dtypes=dtypes, scales=scales,
         quantization=quantization, stream_stops=stops, notes=notes, problems=problems,
     )
 
@@ -542,6 +614,32 @@ CHUNK = 8 * 1024 * 1024
 # Tensors of one file are grouped into units of at least this size: small enough that a few
 # big shards still spread over every core, large enough that a unit is not dominated by overhead.
 UNIT = 64 * 1024 * 1024
+
+
+def _hash_remote_unit(files: Files, file: str, tensors: Sequence[TensorInfo]) -> list[TensorHash]:
+    """A unit's tensors are contiguous in the file (the header leaves no gaps): one ranged read,
+    hashed as it arrives."""
+    from bench.weights.objstore import ObjectFiles
+
+    assert isinstance(files, ObjectFiles)
+    start, end = tensors[0].start, tensors[-1].end
+    stream = files.chunks(file, start, end - start, CHUNK)
+    pending = b""
+    out = []
+    for t in tensors:
+        h = hashlib.sha256()
+        remaining = t.nbytes
+        while remaining:
+            if not pending:
+                pending = next(stream, b"")
+                if not pending:
+                    raise OSError(f"{files.where}/{file}: ends before {t.name} does")
+            take = pending[:remaining]
+            h.update(take)
+            pending = pending[len(take):]
+            remaining -= len(take)
+        out.append(TensorHash(file=file, name=t.name, dtype=t.dtype, shape=t.shape, nbytes=t.nbytes, sha256=h.hexdigest()))
+    return out
 
 
 def _hash_unit(path: Path, file: str, tensors: Sequence[TensorInfo]) -> list[TensorHash]:
@@ -582,14 +680,21 @@ def _units(shards: Sequence[Shard]) -> list[tuple[str, list[TensorInfo]]]:
     return sorted(units, key=lambda u: -sum(t.nbytes for t in u[1]))
 
 
-def hash_tensors(path: str | Path, shards: Sequence[Shard], workers: int | None = None) -> list[TensorHash]:
+def hash_tensors(path: str | Path, shards: Sequence[Shard], workers: int | None = None,
+                 files: Files | None = None) -> list[TensorHash]:
     """sha256 of every tensor's raw bytes, read via the header offsets, each byte read once.
     Shards with an unusable header contribute nothing (inspect reports them)."""
-    path = Path(path)
+    files = checkpoint_files(path) if files is None else files
     workers = workers or os.cpu_count() or 1
     units = _units(shards)
+
+    def unit(u: tuple[str, list[TensorInfo]]) -> list[TensorHash]:
+        if isinstance(files, LocalFiles):
+            return _hash_unit(files.path / u[0], u[0], u[1])
+        return _hash_remote_unit(files, u[0], u[1])
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = pool.map(lambda u: _hash_unit(path / u[0], u[0], u[1]), units)
+        results = pool.map(unit, units)
         hashes = [h for unit in results for h in unit]
     order = {(s.file, t.name): i for i, (s, t) in enumerate((s, t) for s in shards for t in s.tensors)}
     return sorted(hashes, key=lambda h: order[(h.file, h.name)])

@@ -2,9 +2,10 @@
 
 An end-to-end cell costs minutes per repeat and only says *that* outputs are wrong; reading the
 checkpoint's headers and streaming its tensors through the environment's loader takes seconds
-and says *why*. `inspect` runs once per local model; `audit` once per (model, image, load
-format) that streams with runai_streamer, in the orders that matter for #157: sorted and
-directory-listing (what vLLM's unsorted glob hands the streamer). A lossy audit makes its cells
+and says *why*. `inspect` runs once per model it can read (a local folder, a resolved hub
+snapshot, an s3:// prefix); `audit` once per (model, image, load format) that streams with
+runai_streamer, in the orders that matter for #157: sorted and listing order (what vLLM's
+unsorted glob hands the streamer; an object store lists keys sorted). A lossy audit makes its cells
 fail with `weights_lost` even if no request is ever sent.
 """
 
@@ -14,14 +15,29 @@ import os
 from collections.abc import Callable
 
 from bench.core.config import Config
+from bench.core.location import is_object_uri
 from bench.core.matrix import Cell
 from bench.core.records import PreflightRecord
+from bench.serve.launch import loader_env, server_env
 from bench.serve.launchers import AuditSite
 from bench.weights.audit import AuditError, ProbeError, audit_checkpoint
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
 
 STREAMING_FORMATS = {"runai_streamer", "runai_streamer_sharded"}
 AUDIT_ORDERS = ("sorted", "listing")
+
+
+def readable(path: str) -> bool:
+    """Whether the pre-flight can read the model before any server: a local folder (a resolved
+    hub snapshot included) or an object-store URI."""
+    return os.path.isdir(path) or is_object_uri(path)
+
+
+def audit_env(config: Config, cell: Cell) -> dict[str, str]:
+    """What the audit streams under: the variables the cell's servers get (an object store's
+    endpoint and credentials among them) and those vLLM's loader sets from the load format's
+    `model_loader_extra_config`, so the audit streams as the server will."""
+    return {**server_env(cell, config.server, config.profile(cell.platform)), **loader_env(cell.load_format)}
 
 
 def preflight(
@@ -32,12 +48,13 @@ def preflight(
     and overlay on this host; "container", a container of the image (`ref`) with the overlay
     mounted as the docker launcher mounts it, labelled with `run_id`."""
     out: list[PreflightRecord] = []
-    for model in {c.model.name: c.model for c in cells}.values():
-        if not os.path.isdir(model.path):
-            continue  # a hub id: nothing local to read before vLLM fetches it
+    for cell in {c.model.name: c for c in cells}.values():
+        model = cell.model
+        if not readable(model.path):
+            continue  # a hub id not resolved into the cache: nothing to read before vLLM fetches it
         status(f"pre-flight: inspect {model.name}")
         try:
-            report = inspect_checkpoint(model.path)
+            report = inspect_checkpoint(model.path, {**os.environ, **audit_env(config, cell)})
         except NotACheckpoint as exc:
             out.append(PreflightRecord(kind="inspect", model=model.name, ok=False, problems=[str(exc)]))
             continue
@@ -49,16 +66,21 @@ def preflight(
     seen = set()
     for cell in cells:
         key = (cell.model.name, cell.image.name, cell.load_format.name)
-        if cell.load_format.vllm_format not in STREAMING_FORMATS or key in seen or not os.path.isdir(cell.model.path):
+        if cell.load_format.vllm_format not in STREAMING_FORMATS or key in seen or not readable(cell.model.path):
             continue
         seen.add(key)
         base = PreflightRecord(kind="audit", model=key[0], image=key[1], load_format=key[2], ok=True)
         if audit_in == "container" and cell.image.ref is None:
             out.append(base.model_copy(update={"skipped": True, "notes": ["the image has no `ref` to run"]}))
             continue
-        status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
-        env = dict(cell.image.env, **cell.load_format.env)
         boxed = audit_in == "container"
+        if boxed and is_object_uri(cell.model.path):
+            out.append(base.model_copy(update={"skipped": True, "notes": [
+                "object storage is audited with an image's Python on this host (local launcher) only, "
+                "not yet in a container"]}))
+            continue
+        status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
+        env = audit_env(config, cell)
         try:
             # In a container: the image's own Python, its overlay (folders of this host) mounted in.
             audit = audit_checkpoint(
