@@ -60,6 +60,7 @@ from bench.weights.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, AuditError, 
 from bench.weights.audit import render as render_audit
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
 from bench.weights.checkpoint import render as render_checkpoint
+from bench.weights.hub import resolve_models
 from bench.weights.overlays import OverlayError, available_versions, default_cache, select_versions
 from bench.weights.preflight import preflight
 
@@ -353,6 +354,7 @@ def _confirm(results: ResultsDir, config: Config, summary: Summary) -> None:
     cells = [c for c in expand(config) if c.id in failing]
     have = {(p.kind, p.model, p.image, p.load_format) for p in results.preflights() if not p.skipped}
     here = backend(config.launcher).audit_in
+    cells, _ = resolve_models(config, cells)  # hub ids to their snapshots in the hub cache (HubError: exit 2)
     for record in preflight(config, cells, lambda s: err.print(s, highlight=False), audit_in=here):
         if (record.kind, record.model, record.image, record.load_format) not in have:
             results.add_preflight(record.model_copy(update={"notes": [*record.notes, "made by regbench diagnose --confirm"]}))
@@ -650,11 +652,13 @@ def parser() -> argparse.ArgumentParser:
     for name in ("versions", "bisect"):
         _versions_parser(sub, name)
     insp = sub.add_parser("inspect", help="read a checkpoint's safetensors headers: shards, index, dtypes, #157 risk")
-    insp.add_argument("ckpt", help="checkpoint directory")
+    insp.add_argument("ckpt", help="checkpoint directory, or s3://bucket/prefix (read with ranged requests under "
+                                   "AWS_ENDPOINT_URL or RUNAI_STREAMER_S3_ENDPOINT and the AWS credential variables)")
     insp.add_argument("--json", action="store_true", help="print the report as JSON")
     insp.set_defaults(func=cmd_inspect)
     audit = sub.add_parser("audit", help="stream every tensor through the real loader and compare with the files")
-    audit.add_argument("ckpt", help="checkpoint directory")
+    audit.add_argument("ckpt", help="checkpoint directory, or s3://bucket/prefix (streamed through the streamer's S3 "
+                                    "back-end, runai-model-streamer-s3, under the same variables as inspect)")
     audit.add_argument("--python", help="Python of the system under test (default: .venv-vllm/bin/python, else python3)")
     audit.add_argument("--pythonpath", nargs="+", action="extend", default=[], metavar="DIR",
                        help="overlay put first on PYTHONPATH, e.g. one runai-model-streamer version")

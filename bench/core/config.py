@@ -60,6 +60,11 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 class Model(Strict):
     name: Name
     path: str = Field(min_length=1, description="local checkpoint directory or hub id")
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="a hub id's branch, tag or commit (default: the repository's main branch); the commit it "
+                    "resolves to is recorded in the run (bench/weights/hub.py)",
+    )
     served_name: Name | None = None
     server_args: list[str] = []
     # Devices each server of this model takes (vLLM's --tensor-parallel-size, passed by the

@@ -305,10 +305,11 @@ class Summary(Record):
 
 class PreflightRecord(Record):
     """A check made before any server starts: a checkpoint's headers (inspect), or every tensor
-    streamed through an environment's loader and compared with the files (audit)."""
+    streamed through an environment's loader and compared with the files (audit); or where a hub
+    id was resolved to (fetch: the commit and the snapshot folder in the notes)."""
 
     type: Literal["preflight"] = "preflight"
-    kind: Literal["inspect", "audit"]
+    kind: Literal["inspect", "audit", "fetch"]
     model: str
     image: str | None = None
     load_format: str | None = None

@@ -7,8 +7,9 @@ what ran. Each server is one container:
   - the platform profile's accelerator access (a `--gpus`-style device request, or the
     `nvidia` runtime on Jetson), ipc=host, shm size (vLLM's engine dies with docker's 64 MiB
     default), ulimits;
-  - the model folder mounted read-only, the image's overlay folders mounted read-only and put
-    first on PYTHONPATH, an optional hub cache;
+  - the model folder mounted read-only (a hub cache snapshot with the blobs its links point
+    to, each at its own path: checkpoint_mounts), the image's overlay folders mounted read-only
+    and put first on PYTHONPATH, an optional hub cache;
   - environment variables passed by name from the bench's environment: their values go into
     the container and nowhere else (not the outcome, not the log, not the results);
   - labels with the run id and cell id, so `regbench clean` can find leftovers;
@@ -72,15 +73,53 @@ def client() -> docker.DockerClient:
         ) from None
 
 
+def linked_folders(folder: str) -> list[str]:
+    """The folders outside `folder` (a real path) that the links in it point into, as real paths,
+    none inside another or inside `folder`. A Hugging Face cache snapshot
+    (models--org--name/snapshots/<commit>/) links every file into ../../blobs/."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            entry = os.path.join(root, name)
+            if not os.path.islink(entry):
+                continue
+            target = os.path.realpath(entry)
+            where = target if os.path.isdir(target) else os.path.dirname(target)
+            if os.path.commonpath([where, folder]) != folder:
+                found.add(where)
+    kept = sorted(found, key=len)
+    return [f for i, f in enumerate(kept) if not any(os.path.commonpath([f, k]) == k for k in kept[:i])]
+
+
+def checkpoint_mounts(path: str, bind: str | None = None) -> tuple[str, dict[str, dict[str, str]]]:
+    """Where a local model folder is seen in a container, and the read-only mounts that show it
+    there; the docker launcher's servers and the pre-flight audit's container both use this, so
+    that they read the same bytes. A folder whose links point outside it (a hub cache snapshot)
+    is mounted at its own real path, and each folder its links point into at its own: relative
+    links (../../blobs/<hash>) then resolve in the container as on this host. Any other folder
+    at `bind` (default: its own path)."""
+    real = os.path.realpath(path)
+    outside = linked_folders(real)
+    if not outside and bind is not None:
+        return bind, {path: {"bind": bind, "mode": "ro"}}
+    volumes = {real: {"bind": real, "mode": "ro"}}
+    for folder in outside:
+        volumes[folder] = {"bind": folder, "mode": "ro"}
+    return real, volumes
+
+
 def container_model_path(cell: Cell) -> str:
-    """Where the model is seen inside the container: a local folder is mounted, a hub id is not."""
-    return f"{MODEL_ROOT}/{cell.model.name}" if os.path.isdir(cell.model.path) else cell.model.path
+    """Where the model is seen inside the container: a local folder is mounted (a hub cache
+    snapshot at its own path, see checkpoint_mounts), a hub id is not."""
+    if not os.path.isdir(cell.model.path):
+        return cell.model.path
+    return checkpoint_mounts(cell.model.path, f"{MODEL_ROOT}/{cell.model.name}")[0]
 
 
 def mounts(cell: Cell, hub_cache: str | None) -> dict[str, dict[str, str]]:
     volumes = {}
     if os.path.isdir(cell.model.path):
-        volumes[cell.model.path] = {"bind": container_model_path(cell), "mode": "ro"}
+        volumes.update(checkpoint_mounts(cell.model.path, f"{MODEL_ROOT}/{cell.model.name}")[1])
     for i, path in enumerate(cell.image.pythonpath):
         volumes[path] = {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"}
     if hub_cache:

@@ -33,7 +33,7 @@ from docker.models.containers import Container as DockerContainer
 
 from bench.core.config import Image
 from bench.serve.launch import StartError, image_env
-from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, client, ensure_image, labels
+from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, checkpoint_mounts, client, ensure_image, labels
 from bench.weights.audit import PROBE, TAIL_LINES, ProbeError
 
 PROBE_DIR = "/opt/regbench/audit"
@@ -52,10 +52,11 @@ def volumes(plan: Path, checkpoint: Path, files: list[Path], overlays: list[str]
     out = {
         str(PROBE): {"bind": f"{PROBE_DIR}/{PROBE.name}", "mode": "ro"},
         str(plan): {"bind": f"{PROBE_DIR}/plan.json", "mode": "ro"},
-        str(checkpoint): {"bind": str(checkpoint), "mode": "ro"},
     }
     # A hub cache's snapshot links each file to a blob outside the folder: the link resolves in
-    # the container too when the blob's folder is at its own path there as well.
+    # the container too when the blob's folder is at its own path there as well. The same rule
+    # as the docker launcher's servers (checkpoint_mounts), so that both read the same bytes.
+    out.update(checkpoint_mounts(str(checkpoint))[1])
     for f in files:
         real = f.resolve()
         if not real.is_relative_to(checkpoint):
