@@ -42,12 +42,21 @@ install_vllm() {  # VENV VERSION STREAMER
   touch "$VENV/.regbench-vllm-$VLLM_VERSION"
 }
 
+# From 0.16.0 on, each overlay carries the streamer's S3 back-end of the same release
+# (runai-model-streamer-s3): an overlay hides the venv's own, and a mixed pair is not what any
+# user runs. configs/cpu-s3.yaml and tests/test_e2e_s3.py stream s3:// with them.
+S3_OVERLAYS="0.16.0 0.16.1 0.17.0"
+overlay_stamp() {  # VERSION: the file that says the overlay is complete, with its S3 part if it has one
+  case " $S3_OVERLAYS " in *" $1 "*) echo "$OVERLAYS/$1/.complete-s3" ;; *) echo "$OVERLAYS/$1/.complete" ;; esac
+}
 install_overlays() {
   for v in "$@"; do
     dir="$OVERLAYS/$v"
     rm -rf "$dir"
-    "$VENV/bin/pip" install --progress-bar off --no-deps --target "$dir" "runai-model-streamer==$v"
-    touch "$dir/.complete"
+    packages=("runai-model-streamer==$v")
+    case " $S3_OVERLAYS " in *" $v "*) packages+=("runai-model-streamer-s3==$v") ;; esac
+    "$VENV/bin/pip" install --progress-bar off --no-deps --target "$dir" "${packages[@]}"
+    touch "$(overlay_stamp "$v")"
   done
 }
 
@@ -68,7 +77,7 @@ fi
 
 missing=()
 for v in $STREAMER_OVERLAYS; do
-  [ -f "$OVERLAYS/$v/.complete" ] || missing+=("$v")
+  [ -f "$(overlay_stamp "$v")" ] || missing+=("$v")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   ready "runai-model-streamer overlays $STREAMER_OVERLAYS in $OVERLAYS"
