@@ -51,10 +51,12 @@ def test_interrupting_the_bench_leaves_no_server_behind(tmp_path, sig, fault):
 @pytest.mark.fault("model path missing")
 def test_missing_model_is_a_boot_failure_with_vllms_reason(tmp_path, fault):
     # A local-looking path that does not exist is refused by the config before any server
-    # (test_config.py); a model id that names nothing reaches vLLM, which looks for it offline.
+    # (test_config.py), and a hub id that cannot be had before any cell (test_hub.py); a folder
+    # that holds no model reaches vLLM, which fails to boot from it.
     config = one_cell_config(tmp_path)
     data = yaml.safe_load(config.read_text())
-    data["models"][0]["path"] = "no-such-org/no-such-model"
+    (tmp_path / "no-model").mkdir()
+    data["models"][0]["path"] = str(tmp_path / "no-model")
     config.write_text(yaml.safe_dump(data))
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
     output, _ = p.communicate(timeout=600)
