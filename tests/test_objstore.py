@@ -81,3 +81,24 @@ def test_the_audit_streams_s3_through_the_streamers_own_back_end(s3, version, lo
     if lost:
         assert all(r.delivered == 0 and r.stop is not None and r.stop.files[r.stop.stop_at] == "model-00001-of-00010.safetensors"
                    for r in report.runs)
+
+
+@pytest.mark.slow
+def test_the_audit_in_a_container_streams_s3_over_the_hosts_network(s3):
+    """Under the docker launcher the audit runs in a container of the cell's image: for object
+    storage nothing is mounted for the checkpoint and the container shares the host's network to
+    reach the endpoint, as the launcher's servers do. The image's own streamer is 0.17.0; the
+    0.16.0 overlay (with its S3 back-end) is mounted as the launcher mounts it."""
+    import docker
+
+    engine = docker.from_env()
+    before = {c.id for c in engine.containers.list(all=True)}
+    lost = {}
+    for version in ("0.16.0", "0.17.0"):
+        report = audit_checkpoint(s3.uri, "/opt/venv/bin/python", [], s3.env, orders=("sorted",),
+                                  loaders=("streamer",), timeout_s=600, image_ref="regbench/vllm-cpu:0.32.0",
+                                  pull="never", overlays=[str(STREAMERS / version)], run_id="s3-audit-test")
+        assert report.streamer_version == version and report.image == "regbench/vllm-cpu:0.32.0"
+        lost[version] = report.lost
+    assert lost == {"0.16.0": 21, "0.17.0": 0}
+    assert {c.id for c in engine.containers.list(all=True)} <= before  # each probe container removed

@@ -496,8 +496,6 @@ def audit_checkpoint(
     unknown = [name for name in loaders if name not in LOADERS]
     if unknown or not loaders:
         raise AuditError(f"loaders must be some of {', '.join(LOADERS)}, got {list(loaders)}")
-    if remote and image_ref is not None:
-        raise AuditError("object storage is audited by the image's Python on this host, not in a container yet")
     # The bench reads object storage under the same variables as the probe (and the server).
     files = checkpoint_files(path if remote else Path(path).resolve(), {**os.environ, **env})
     where = files.where.rstrip("/")
@@ -525,9 +523,9 @@ def audit_checkpoint(
         else:
             from bench.weights.audit_docker import ContainerProbe  # the docker SDK only for containers
 
-            local = Path(where)
-            probe = ContainerProbe(image, plan, local, [local / s.file for s in report.shards], list(overlays),
-                                   run_id or "audit")
+            local = None if remote else Path(where)
+            probe = ContainerProbe(image, plan, local, [] if local is None else [local / s.file for s in report.shards],
+                                   list(overlays), run_id or "audit")
         with probe as running:
             # The probe spends its first seconds importing torch: hash the baseline meanwhile.
             started = time.monotonic()

@@ -12,7 +12,9 @@ container of that image:
     OVERLAY_ROOT/<i>, as the launcher does, and put first on PYTHONPATH;
   - the image's environment with the audit's variables on top (bench.serve.launch.image_env, the
     same rule as on this host);
-  - no network; labelled like the launcher's containers, so `regbench clean` finds one that a
+  - no network, but for a checkpoint in object storage (s3://): then nothing is mounted for it
+    and the container shares the host's network, as the launcher's servers do, to reach the
+    endpoint; labelled like the launcher's containers, so `regbench clean` finds one that a
     killed bench left.
 The container is removed whatever happens: time-out, error, Ctrl-C, or a start that failed half
 way. Its stdout (the probe's JSON lines) and stderr are read apart, once it has exited.
@@ -47,12 +49,17 @@ def _explain(exc: Exception) -> str:
     return str(getattr(exc, "explanation", None) or exc)
 
 
-def volumes(plan: Path, checkpoint: Path, files: list[Path], overlays: list[str]) -> dict[str, dict[str, str]]:
-    """The container's read-only mounts (pure but for resolving the files' links)."""
+def volumes(plan: Path, checkpoint: Path | None, files: list[Path], overlays: list[str]) -> dict[str, dict[str, str]]:
+    """The container's read-only mounts (pure but for resolving the files' links). `checkpoint`
+    None: the files are in object storage, nothing to mount for them."""
     out = {
         str(PROBE): {"bind": f"{PROBE_DIR}/{PROBE.name}", "mode": "ro"},
         str(plan): {"bind": f"{PROBE_DIR}/plan.json", "mode": "ro"},
     }
+    for i, path in enumerate(overlays):
+        out[str(Path(path).resolve())] = {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"}
+    if checkpoint is None:
+        return out
     # A hub cache's snapshot links each file to a blob outside the folder: the link resolves in
     # the container too when the blob's folder is at its own path there as well. The same rule
     # as the docker launcher's servers (checkpoint_mounts), so that both read the same bytes.
@@ -61,8 +68,6 @@ def volumes(plan: Path, checkpoint: Path, files: list[Path], overlays: list[str]
         real = f.resolve()
         if not real.is_relative_to(checkpoint):
             out.setdefault(str(real.parent), {"bind": str(real.parent), "mode": "ro"})
-    for i, path in enumerate(overlays):
-        out[str(Path(path).resolve())] = {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"}
     return out
 
 
@@ -70,11 +75,12 @@ class ContainerProbe:
     """bench.weights.audit's probe as a container of ``image.ref`` (a context manager: see
     bench.weights.audit.Probe). ``image.python`` and ``image.pythonpath`` are the image's own."""
 
-    def __init__(self, image: Image, plan: Path, checkpoint: Path, files: list[Path], overlays: list[str],
+    def __init__(self, image: Image, plan: Path, checkpoint: Path | None, files: list[Path], overlays: list[str],
                  run_id: str):
         assert image.ref is not None
         self.image = image
         self.volumes = volumes(plan, checkpoint, files, overlays)
+        self.network = "none" if checkpoint is not None else "host"
         self.pythonpath = [f"{OVERLAY_ROOT}/{i}" for i in range(len(overlays))] + list(image.pythonpath)
         self.labels = labels(run_id, CELL_LABEL, None)
         self.name = f"regbench-{run_id}-audit-{secrets.token_hex(4)}"
@@ -110,7 +116,7 @@ class ContainerProbe:
             # By the image's id, as the launcher: the tag cannot move between the check and here.
             self.container = self.docker.containers.create(
                 str(img.id), entrypoint=[self.image.python, f"{PROBE_DIR}/{PROBE.name}", f"{PROBE_DIR}/plan.json"],
-                environment=env, volumes=self.volumes, network_mode="none", labels=self.labels, name=self.name,
+                environment=env, volumes=self.volumes, network_mode=self.network, labels=self.labels, name=self.name,
                 detach=True,
             )
             self.container.start()

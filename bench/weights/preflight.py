@@ -74,11 +74,6 @@ def preflight(
             out.append(base.model_copy(update={"skipped": True, "notes": ["the image has no `ref` to run"]}))
             continue
         boxed = audit_in == "container"
-        if boxed and is_object_uri(cell.model.path):
-            out.append(base.model_copy(update={"skipped": True, "notes": [
-                "object storage is audited with an image's Python on this host (local launcher) only, "
-                "not yet in a container"]}))
-            continue
         status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
         env = audit_env(config, cell)
         try:
