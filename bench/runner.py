@@ -209,18 +209,39 @@ def device_pools(config: Config, cells: list[Cell], locks: Path | None = None) -
     return pools
 
 
+def pin_images(cells: list[Cell], results: ResultsDir, launcher: Launcher,
+               status: Callable[[str], None]) -> list[Cell]:
+    """Each image resolved once for the run by a launcher that pulls images (the docker
+    launcher's `resolve_images`: the pull policy applied once, every container pinned to the
+    digest; a resumed run to the pin its fingerprint recorded). Returns the cells with their
+    images as pinned, for what starts its own containers (the pre-flight audit); raises the
+    launcher's error (a ConfigError) before any cell when an image cannot be had."""
+    resolve = getattr(launcher, "resolve_images", None)
+    images = list({c.image.name: c.image for c in cells}.values())
+    if resolve is None or not any(i.ref for i in images):
+        return cells
+    status("resolving images: " + ", ".join(i.ref for i in images if i.ref))
+    refs = {i.name: i.ref for i in images}
+    earlier = {f.image: f.image_pin for f in results.fingerprints()
+               if f.image_pin and f.image_ref == refs.get(f.image)}
+    pinned = resolve(images, earlier)
+    return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells]
+
+
 def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: Launcher,
             status: Callable[[str], None], fetched: Sequence[PreflightRecord] = ()) -> None:
-    """Before any cell: where each hub id was resolved to (`fetched`, bench.weights.hub), the
-    pre-flight checks of the weights and each image's fingerprint, each once per results folder
-    (a resumed run keeps what it has, and adds a hub id's resolution only if it changed)."""
+    """Before any cell: where each hub id was resolved to (`fetched`, bench.weights.hub), each
+    image resolved and pinned once (pin_images), the pre-flight checks of the weights and each
+    image's fingerprint, each once per results folder (a resumed run keeps what it has, and adds
+    a hub id's resolution only if it changed)."""
+    pinned = pin_images(cells, results, launcher, status)
     earlier = results.preflights()
     resolutions = {(p.model, p.notes[0]) for p in earlier if p.kind == "fetch" and p.notes}
     for record in fetched:
         if (record.model, record.notes[0] if record.notes else "") not in resolutions:
             results.add_preflight(record)
     if config.preflight and not any(p.kind != "fetch" for p in earlier):
-        for record in preflight(config, cells, status, audit_in=launcher.audit_in, run_id=results.path.name):
+        for record in preflight(config, pinned, status, audit_in=launcher.audit_in, run_id=results.path.name):
             results.add_preflight(record)
     printed = {f.image for f in results.fingerprints()}
     for image in {c.image.name: c.image for c in cells}.values():

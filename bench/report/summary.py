@@ -252,11 +252,14 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
         for c in nondeterministic:
             lines += _nondeterminism_lines(c)
     if fingerprints:
-        lines += ["", "## Environments", "", "| image | vLLM | runai-model-streamer | torch | CUDA | Python | arch | CPU | GPU |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        pinned = any(f.image_ref for f in fingerprints)  # containers: which build every repeat ran
+        lines += ["", "## Environments", "", "| image |" + (" ref → pinned to |" if pinned else "")
+                  + " vLLM | runai-model-streamer | torch | CUDA | Python | arch | CPU | GPU |",
+                  "|---|" + ("---|" if pinned else "") + "---|---|---|---|---|---|---|---|"]
         for f in fingerprints:
             lines.append(
-                f"| {f.image} | {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} | "
+                f"| {f.image} |" + (f" {_pin(f)} |" if pinned else "")
+                + f" {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} | "
                 f"{f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
                 + (f" probe error: {f.error}" if f.error else "")
             )
@@ -266,6 +269,15 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
         lines += diagnosis_markdown(diagnosis)
     lines += ["", "Per-run detail: `report.html` and `junit.xml` in the results folder."]
     return "\n".join(lines) + "\n"
+
+
+def _pin(f: Fingerprint) -> str:
+    """`ref → pin` of a container image: the tag asked for and the digest (or, for an image that
+    exists only on that host, the image id) every container of the run was created from."""
+    if not f.image_ref:
+        return "-"
+    pin = f.image_pin or f.image_digest or f.image_id
+    return f"`{f.image_ref}` → `{pin}`" if pin and pin != f.image_ref else f"`{f.image_ref}`"
 
 
 def render_all(

@@ -18,6 +18,15 @@ what ran. Each server is one container:
   - SIGTERM, the grace period, SIGKILL; the exit code read, then the container removed.
 Creating and starting are separate steps so that a container that failed to start is removed
 too.
+
+Images are resolved once per run, before the first cell (``DockerLauncher.resolve_images``,
+called by the runner's ``prepare``): the pull policy is applied once per image, and every
+container of the run (the pre-flight audit's, the fingerprint's, every repeat's server) is
+created from the image's digest, ``repo@sha256:...``, or its image id when it exists only here
+with no registry digest. A tag that moves mid-run changes nothing for later repeats; a resumed
+run is pinned to what its fingerprint recorded. An image that cannot be had is one
+ImageUnavailable (a ConfigError: exit 2) before any cell, naming each ref and the registry's
+answer, not a boot failure per repeat.
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -33,8 +44,9 @@ import docker.types
 import requests.exceptions
 from docker.models.containers import Container as DockerContainer
 from docker.models.images import Image as DockerImage
+from docker.utils import parse_repository_tag
 
-from bench.core.config import Config, Image, Platform
+from bench.core.config import Config, ConfigError, Image, Platform
 from bench.core.matrix import Cell
 from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
@@ -60,6 +72,11 @@ ENTRYPOINT = ["python3", "-m", "vllm.entrypoints.cli.main"]
 
 class DockerUnavailable(LauncherUnavailable):
     """No engine answers; the message says how to start one."""
+
+
+class ImageUnavailable(ConfigError):
+    """Images that cannot be had before the cells (a pull the registry refused or could not
+    answer, an image absent under `pull: never`): the message names each ref and the answer."""
 
 
 def client() -> docker.DockerClient:
@@ -196,10 +213,76 @@ def ensure_image(c: docker.DockerClient, image: Image) -> DockerImage:
         raise StartError(f"image {image.ref}: {exc.explanation or exc}") from None
 
 
-def image_identity(img: DockerImage) -> tuple[str, str | None]:
-    """(image id, repo digest): locally built images have an id but no registry digest."""
-    digests = img.attrs.get("RepoDigests") or []
+def repository(ref: str) -> str:
+    """The repository of a reference, as the engine names it in RepoDigests (pure): no tag or
+    digest, Docker Hub's implicit `docker.io/` and `library/` left out."""
+    repo = parse_repository_tag(ref)[0]
+    for prefix in ("docker.io/", "index.docker.io/"):
+        if repo.startswith(prefix):
+            repo = repo[len(prefix):]
+    return repo.removeprefix("library/")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """An image of the run as resolved before the cells: `pin` is what every container is
+    created from, the registry digest of the asked repository (`repo@sha256:...`) or, for an
+    image that exists only here, its image id."""
+
+    ref: str  # as the matrix asked
+    pin: str
+    image_id: str
+    digest: str | None  # repo@sha256:... ; None for an image built here and never pushed
+    pulled: bool  # the policy pulled it (or a resumed run's digest) for this run
+
+
+def pin_of(img: DockerImage, ref: str) -> tuple[str, str | None]:
+    """(pin, digest) of an image resolved from `ref` (pure): the digest of ref's repository; the
+    image id when it has none (an image tagged into another repository keeps its own digests)."""
+    repo = repository(ref)
+    digests = [str(d) for d in img.attrs.get("RepoDigests") or []]
+    mine = [d for d in digests if repository(d.split("@", 1)[0]) == repo]
+    if mine:
+        return mine[0], mine[0]
     return str(img.id), (digests[0] if digests else None)
+
+
+def resolve(c: docker.DockerClient, image: Image, earlier: str | None = None) -> Resolved:
+    """Applies the pull policy once (or, for a resumed run, finds the pin it recorded before,
+    pulling it by digest when the policy allows); raises ImageUnavailable."""
+    ref = image.ref
+    assert ref is not None
+    pulled = False
+    try:
+        if earlier is not None:
+            try:
+                img = c.images.get(earlier)
+            except docker.errors.ImageNotFound:
+                if image.pull == "never" or "@" not in earlier:
+                    raise ImageUnavailable(
+                        f"image {ref}: this run was pinned to {earlier}, which is not present here "
+                        f"(pull: {image.pull})") from None
+                img, pulled = c.images.pull(earlier), True
+            pin = earlier
+            _, digest = pin_of(img, ref)
+            digest = earlier if "@" in earlier else digest
+            return Resolved(ref, pin, str(img.id), digest, pulled)
+        if image.pull == "always":
+            img, pulled = c.images.pull(ref), True
+        else:
+            try:
+                img = c.images.get(ref)
+            except docker.errors.ImageNotFound:
+                if image.pull == "never":
+                    raise ImageUnavailable(f"image {ref} is not present here and its pull policy is 'never'") from None
+                img, pulled = c.images.pull(ref), True
+    except docker.errors.APIError as exc:
+        raise ImageUnavailable(f"image {ref}: {'pull' if image.pull != 'never' else 'lookup'} failed: "
+                               f"{str(exc.explanation or exc).strip()}") from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise ImageUnavailable(f"image {ref}: the Docker engine did not answer: {exc}") from None
+    pin, digest = pin_of(img, ref)
+    return Resolved(ref, pin, str(img.id), digest, pulled)
 
 
 class Container:
@@ -336,6 +419,35 @@ class DockerLauncher:
         self.docker = docker_client or client()
         self.host_env = dict(os.environ if host_env is None else host_env)
         self.redactor = redactor_for(config.server.env_passthrough, self.host_env)
+        self.pins: dict[tuple[str, str | None], Resolved] = {}  # (image name, ref) -> resolved once
+        self._resolving = threading.Lock()
+
+    def resolve_images(self, images: Iterable[Image], earlier: Mapping[str, str] | None = None) -> dict[str, Image]:
+        """Each image resolved once for the run, before the cells (`earlier`: image name -> the
+        pin a resumed run recorded). Returns each image as pinned (`ref` the pin, `pull: never`)
+        for what runs its own containers (the pre-flight audit). Raises one ImageUnavailable
+        naming every image that cannot be had."""
+        earlier = earlier or {}
+        pinned, failures = {}, []
+        for image in images:
+            if image.ref is None:
+                continue
+            try:
+                r = self._resolved(image, earlier.get(image.name))
+            except ImageUnavailable as exc:
+                failures.append(str(exc))
+                continue
+            pinned[image.name] = image.model_copy(update={"ref": r.pin, "pull": "never"})
+        if failures:
+            raise ImageUnavailable("; ".join(failures) + " (before any cell: nothing was run)")
+        return pinned
+
+    def _resolved(self, image: Image, earlier: str | None = None) -> Resolved:
+        with self._resolving:  # workers start servers at once: one pull, one pin
+            key = (image.name, image.ref)
+            if key not in self.pins:
+                self.pins[key] = resolve(self.docker, image, earlier)
+            return self.pins[key]
 
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server:
@@ -352,8 +464,12 @@ class DockerLauncher:
         )
 
         def start() -> Container:
-            image_id, _ = image_identity(ensure_image(self.docker, cell.image))
-            return Container(self.docker, image_id, command, create, log_path, self.redactor)
+            # The run's pin (resolved before the cells; here only for a server asked for without).
+            try:
+                pin = self._resolved(cell.image).pin
+            except ImageUnavailable as exc:
+                raise StartError(str(exc)) from None
+            return Container(self.docker, pin, command, create, log_path, self.redactor)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
                       self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s,
@@ -364,22 +480,21 @@ class DockerLauncher:
         host = dict(image=image.name, cpu=host_cpu(), gpu=host_gpu())
         container = None
         try:
-            img = ensure_image(self.docker, image)
-            image_id, digest = image_identity(img)
-            host.update(image_ref=image.ref, image_id=image_id, image_digest=digest)
+            r = self._resolved(image)
+            host.update(image_ref=image.ref, image_id=r.image_id, image_digest=r.digest, image_pin=r.pin)
             env = dict(image.env)
             if image.pythonpath:
                 env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(image.pythonpath)))
             volumes = {p: {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"} for i, p in enumerate(image.pythonpath)}
             container = self.docker.containers.create(
-                image_id, entrypoint=["python3", "-c", PROBE], environment=env, volumes=volumes,
+                r.pin, entrypoint=["python3", "-c", PROBE], environment=env, volumes=volumes,
                 network_mode="host", labels=labels(self.run_id, f"fingerprint-{image.name}", None),
             )
             container.start()
             container.wait(timeout=120)
             out = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
             return parse_probe(out, host)
-        except (StartError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        except (ImageUnavailable, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             return Fingerprint(**host, error=f"probe failed: {exc}")
         finally:
             if container is not None:
