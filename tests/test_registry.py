@@ -278,3 +278,16 @@ def test_the_pin_is_the_digest_of_the_asked_repository_else_the_image_id():
     assert pin_of(FakeImage([other, mine]), "docker.io/vllm/vllm-openai:nightly") == (mine, mine)
     assert pin_of(FakeImage([other]), "vllm/vllm-openai:nightly") == ("sha256:" + "1" * 64, other)
     assert pin_of(FakeImage([]), "regbench/vllm-cpu:0.32.0") == ("sha256:" + "1" * 64, None)
+
+
+def test_the_workflow_logs_in_to_the_registry_with_credentials_by_name_before_the_slice():
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "qualify.yml").read_text())
+    run = flow["jobs"]["run"]
+    names = [step.get("name", "") for step in run["steps"]]
+    login = run["steps"][names.index("Log in to the image registry")]
+    assert names.index("Log in to the image registry") < names.index("Run the slice")
+    assert run["env"]["REGISTRY_USERNAME"] == "${{ secrets.REGISTRY_USERNAME }}"
+    assert login["env"] == {"REGISTRY_PASSWORD": "${{ secrets.REGISTRY_PASSWORD }}"}
+    assert "--password-stdin" in login["run"] and "$REGISTRY_PASSWORD" in login["run"].split("|")[0]
+    logout = run["steps"][names.index("Log out of the image registry")]
+    assert logout["if"].startswith("always()") and "docker logout" in logout["run"]
