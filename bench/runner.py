@@ -14,9 +14,12 @@ interrupted.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
@@ -46,6 +49,7 @@ from bench.report.summary import summarize
 from bench.serve.client import run_workload, score_reference
 from bench.serve.launch import BootError, Launcher, server_env
 from bench.serve.launchers import open_launcher
+from bench.serve.memory import Settler
 from bench.serve.metrics import ScrapeError, delta, scrape
 from bench.serve.slots import SlotPool
 from bench.store.publish import write_reports
@@ -109,6 +113,8 @@ def run_one(
     meanwhile the server is taken down and the run is recorded as interrupted (not judged)."""
     stop = stop or StopToken()
     run_dir = results.run_dir(cell.id, repeat)
+    if config.profile(cell.platform).unified_memory:
+        _settle(launcher, run_dir, status)
     server = launcher.server(cell, repeat, run_dir, devices, stop)
     requests: list[RequestRecord] = []
     requests_s = None
@@ -159,6 +165,21 @@ def run_one(
         )
         results.add_run(record)
     return record
+
+
+_SETTLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # launcher -> Settler (one per bench run)
+
+
+def _settle(launcher: Launcher, run_dir: Path, status: Callable[[str], None]) -> None:
+    """Unified memory (GPU allocations are host memory): before a fresh server, memory back near
+    its level before the previous one (bench.serve.memory.Settler); the wait is said and kept in
+    the run's folder as memory-settle.json."""
+    settler = _SETTLERS.setdefault(launcher, Settler())
+    done = settler.before_boot()
+    if done is not None:
+        status(done.text())
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "memory-settle.json").write_text(json.dumps(dataclasses.asdict(done)) + "\n")
 
 
 def _scrape(base_url: str) -> dict[str, float] | str:

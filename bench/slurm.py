@@ -12,9 +12,13 @@ job types too; the Python bindings (pyslurm) must match the cluster's exact Slur
 built against its headers. A job is named `regbench-RUN` and carries `--comment RUN`, so that a
 second bench on the same cluster never touches this run's jobs (scancel by id, never by user).
 
-Inside a job the bench runs with `--devices none`: Slurm has already bound the job to its GPUs
-(CUDA_VISIBLE_DEVICES, set by its GRES plugin), and the launcher then leaves that variable as
-Slurm set it rather than binding devices of the platform profile again.
+Inside a job the local launcher's bench runs with `--devices none`: Slurm has already bound the
+job to its GPUs (CUDA_VISIBLE_DEVICES, set by its GRES plugin), and the launcher then leaves that
+variable as Slurm set it rather than binding devices of the platform profile again. Containers are
+started by the Docker engine, outside the job's cgroup and environment, so under `launcher:
+docker` the job's bench is given the job's GPUs as its devices (`--devices $SLURM_JOB_GPUS`, the
+node's GPU indices, else CUDA_VISIBLE_DEVICES): each container then gets exactly those ids in its
+device request, never the profile's `gpus: all` (see JOB_DEVICES).
 
 Stopping (Ctrl-C, SIGTERM, a worker error) cancels every job of the run and waits until none is
 queued or running. A job that failed, hit its time limit, was cancelled or whose node went down
@@ -88,20 +92,30 @@ def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         raise SlurmError(f"{' '.join(argv[:2])} did not answer in {timeout:.0f} s") from None
 
 
-def job_script(cell: Cell, config_path: Path, run_id: str, slice_dir: Path, python: str = sys.executable) -> str:
+# The job's GPUs as a --devices list, in the job's shell: Slurm's SLURM_JOB_GPUS holds the node's
+# GPU indices (what a container's device request names); CUDA_VISIBLE_DEVICES when it is not set.
+JOB_DEVICES = '${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-none}}'
+
+
+def job_script(cell: Cell, config_path: Path, run_id: str, slice_dir: Path, python: str = sys.executable,
+               job_gpus: bool = False) -> str:
     """The batch script of one cell: prints where it ran, then the one-slice run. A cell that
     failed (the bench's exit 1) is a job that did its work: the job fails only when the bench
-    could not run (2), write (3) or was stopped (130)."""
+    could not run (2), write (3) or was stopped (130). `job_gpus` (containers on a GPU platform):
+    the bench's devices are the job's GPUs (JOB_DEVICES), else none."""
     fresh = [python, "-m", "bench", "run", str(config_path), "--cell", cell.id, "--run-id", run_id,
-             "--results", str(slice_dir), "--devices", "none"]
+             "--results", str(slice_dir)]
     # A job run again (resubmitted, or requeued by Slurm) continues its slice: finished repeats stay.
     # Slurm reports the last attempt ended while its bench may still be stopping: wait for it.
-    again = [python, "-m", "bench", "run", "--resume", str(slice_dir / run_id), "--cell", cell.id, "--devices", "none",
+    again = [python, "-m", "bench", "run", "--resume", str(slice_dir / run_id), "--cell", cell.id,
              "--wait-for-folder", str(FOLDER_WAIT_S)]
+    devices = ' --devices "$devices"' if job_gpus else " --devices none"
     return ("#!/bin/bash\n"
-            'echo "regbench-job node=${SLURMD_NODENAME:-} cuda_visible_devices=${CUDA_VISIBLE_DEVICES:-}"\n'
+            'echo "regbench-job node=${SLURMD_NODENAME:-} cuda_visible_devices=${CUDA_VISIBLE_DEVICES:-}'
+            ' job_gpus=${SLURM_JOB_GPUS:-}"\n'
+            f'devices="{JOB_DEVICES}"\n'
             f"if [ -f {shlex.quote(str(slice_dir / run_id / 'config.yaml'))} ]; then\n"
-            f"  {shlex.join(again)}\nelse\n  {shlex.join(fresh)}\nfi\n"
+            f"  {shlex.join(again)}{devices}\nelse\n  {shlex.join(fresh)}{devices}\nfi\n"
             'rc=$?\necho "regbench-exit $rc"\n[ "$rc" -le 1 ] && exit 0\nexit "$rc"\n')
 
 
@@ -121,12 +135,13 @@ def sbatch_args(cell: Cell, run_id: str, slice_dir: Path, options: SlurmOptions,
 
 
 def submit(cell: Cell, config_path: Path, run_id: str, root: Path, index: int, options: SlurmOptions,
-           gpu_platform: bool, attempt: int = 1) -> SlurmJob:
+           gpu_platform: bool, attempt: int = 1, job_gpus: bool = False) -> SlurmJob:
     slice_dir = root / "slices" / f"{index:03d}"
     slice_dir.mkdir(parents=True, exist_ok=True)
     argv = sbatch_args(cell, run_id, slice_dir, options, gpu_platform)
     try:
-        done = subprocess.run(argv, input=job_script(cell, config_path, run_id, slice_dir), capture_output=True,
+        script = job_script(cell, config_path, run_id, slice_dir, job_gpus=job_gpus)
+        done = subprocess.run(argv, input=script, capture_output=True,
                               text=True, timeout=60)
     except FileNotFoundError:
         raise SlurmError("sbatch: not found; is this a Slurm submit host?") from None
@@ -368,7 +383,8 @@ def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int,
         for cell, index, attempt in todo:
             profile = config.profile(cell.platform)
             jobs.append(submit(cell, matrix, run_id, root, index, options.over(profile.slurm),
-                               profile.device_kind == "gpu", attempt))
+                               profile.device_kind == "gpu", attempt,
+                               job_gpus=profile.device_kind == "gpu" and config.launcher == "docker"))
             save(jobs)
             status(f"submitted job {jobs[-1].job_id}: {cell.id}" + (f" (attempt {attempt})" if attempt > 1 else ""))
         jobs = follow(jobs, stop, status, save)

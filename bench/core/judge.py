@@ -30,6 +30,7 @@ from bench.core.records import (
 from bench.core.stats import verdict, wilson_interval
 from bench.core.tokens import EXACT, Comparator, Output, rank_in
 from bench.core.verdicts import (
+    NOT_RUNNABLE,
     CounterMismatch,
     EmptyText,
     ExitEpisode,
@@ -169,7 +170,8 @@ def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> li
             return [Finding(reason=Reason.PORT_TAKEN, evidence=ServerExit(
                 phase="boot", message=outcome.boot_error, log_tail=log_tail))]
         if outcome.start_error is not None:
-            return [Finding(reason=Reason.BOOT_FAILED, evidence=ServerExit(phase="start", message=outcome.start_error))]
+            reason = Reason.NOT_RUNNABLE if outcome.start_error.startswith(NOT_RUNNABLE) else Reason.BOOT_FAILED
+            return [Finding(reason=reason, evidence=ServerExit(phase="start", message=outcome.start_error))]
         if outcome.exited_early_code is not None:
             return [Finding(reason=Reason.BOOT_FAILED, evidence=ServerExit(
                 phase="boot", exit_code=outcome.exited_early_code, last_line=last, log_tail=log_tail))]

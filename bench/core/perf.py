@@ -73,6 +73,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
            lambda run, reqs: [q.tokens_per_s for q in _ok(reqs) if q.tokens_per_s is not None]),
     Metric("throughput_tok_s", "throughput", "tok/s", "lower", 1.2, _perf("throughput_tok_s")),
     Metric("peak_rss_bytes", "peak RSS", "bytes", "higher", 1.1, _perf("peak_rss_bytes")),
+    # nvidia-smi's used memory of the server's processes (container pids from the engine); on
+    # unified-memory hosts, where it says [N/A], their host memory (bench.serve.memory).
+    Metric("peak_gpu_bytes", "peak GPU memory", "bytes", "higher", 1.1, _perf("peak_gpu_bytes")),
 ]}
 
 

@@ -41,6 +41,9 @@ Per run: the server's own counters (bench.core.judge.judge_server_counters)
 Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the evidence has the log tail
+    not_runnable         the image cannot run on this host (its architecture is not the host's,
+                         from `docker image inspect`): checked once before any container of it,
+                         so no boot was tried; the evidence names both architectures
     boot_timeout         /health did not answer 200 before the boot deadline
     port_taken           another program held the server's port and answered in its place; no
                          request was sent to it (the evidence names the process)
@@ -102,6 +105,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# How a launcher's start error begins when the image cannot run on this host at all (its
+# architecture); the judge then says not_runnable rather than boot_failed.
+NOT_RUNNABLE = "not runnable on this host"
+
 
 class Reason(StrEnum):
     HTTP_ERROR = "http_error"
@@ -118,6 +125,7 @@ class Reason(StrEnum):
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
     BOOT_FAILED = "boot_failed"
+    NOT_RUNNABLE = "not_runnable"  # the image cannot run on this host (its arch): no container started
     BOOT_TIMEOUT = "boot_timeout"
     PORT_TAKEN = "port_taken"
     SERVER_DIED = "server_died"

@@ -7,6 +7,7 @@ from bench.core.perf import METRICS, fmt
 from bench.core.records import CellSummary, MetricSummary
 
 TABLE = ("boot_s", "weights_load_s", "load_gb_s", "ttft_s", "itl_s", "latency_s", "throughput_tok_s", "peak_rss_bytes")
+GPU_COLUMN = "peak_gpu_bytes"  # shown when some cell measured it (nvidia-smi on the host)
 PLOTS = ("boot_s", "weights_load_s", "ttft_s", "itl_s")
 
 
@@ -24,15 +25,16 @@ def perf_markdown(cells: list[CellSummary]) -> list[str]:
     shown = [c for c in cells if c.perf]
     if not shown:
         return []
-    head = " | ".join(METRICS[m].label for m in TABLE)
+    table = TABLE + ((GPU_COLUMN,) if any(GPU_COLUMN in c.perf for c in shown) else ())
+    head = " | ".join(METRICS[m].label for m in table)
     lines = ["", "## Performance", "",
              "Per cell over its runs: run-level figures as the median with its bootstrap 95 % interval over runs; "
              "request-level ones (TTFT, ITL, latency) as median / p90 over every request or token. "
              "`regbench compare` checks them for slowdowns.", "",
-             f"| cell | runs | {head} |", "|---|---|" + "---|" * len(TABLE)]
+             f"| cell | runs | {head} |", "|---|---|" + "---|" * len(table)]
     for c in shown:
         runs = max((m.runs for m in c.perf.values()), default=0)
-        lines.append(f"| `{c.cell_id}` | {runs} | " + " | ".join(_figure(c.perf.get(m), m) for m in TABLE) + " |")
+        lines.append(f"| `{c.cell_id}` | {runs} | " + " | ".join(_figure(c.perf.get(m), m) for m in table) + " |")
     return lines
 
 
