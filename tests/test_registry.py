@@ -31,7 +31,7 @@ from bench.runner import pin_images, run_matrix
 from bench.serve.launch_docker import LABEL, DockerLauncher, ImageUnavailable, pin_of, repository
 from bench.store.results import ResultsDir
 
-from .support import ROOT, wait_until
+from .support import ROOT, wait_until, write_checkpoint
 
 REGISTRY = Path("/usr/bin/docker-registry")
 TINI = Path("/usr/bin/tini-static")  # docker.io depends on tini: a static binary that exits at once
@@ -146,14 +146,19 @@ def untag(engine: docker.DockerClient, ref: str) -> None:
                     pass  # a digest reference goes with the repository's last tag
 
 
-def config_file(tmp_path: Path, ref: str, pull: str, repeats: int) -> Path:
+def config_file(tmp_path: Path, ref: str, pull: str, repeats: int, audit: bool = False) -> Path:
+    """A one-cell matrix of `ref`; with `audit`, a streamed load format and a checkpoint, so that
+    the pre-flight audits it in a container of the image (which exits: the audit is skipped)."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    if audit:
+        write_checkpoint(model, [2])
     f = tmp_path / "matrix.yaml"
     f.write_text(yaml.safe_dump({
-        "name": "registry", "launcher": "docker", "preflight": False, "repeats": repeats,
-        "models": [{"name": "m", "path": str(model)}], "load_formats": [{"name": "safetensors"}],
+        "name": "registry", "launcher": "docker", "preflight": audit, "repeats": repeats,
+        "models": [{"name": "m", "path": str(model)}],
+        "load_formats": [{"name": "runai_streamer" if audit else "safetensors"}],
         "images": [{"name": "nightly", "ref": ref, "pull": pull}],
         "reference_text": {"enabled": False},
         "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
@@ -189,7 +194,7 @@ def test_a_tag_moved_mid_run_changes_nothing_every_repeat_runs_the_first_digest(
     ref = f"{registry.host}/{REPO}:nightly"
     first = push(engine, builds[0], ref)
     untag(engine, ref)  # the run must pull it
-    config = load_config(config_file(tmp_path, ref, "always", repeats=3))
+    config = load_config(config_file(tmp_path, ref, "always", repeats=3, audit=True))
     cells = expand(config)
     results = ResultsDir.create(tmp_path / "results", "regpin", config)
     launcher = DockerLauncher(config, "regpin")
@@ -206,8 +211,12 @@ def test_a_tag_moved_mid_run_changes_nothing_every_repeat_runs_the_first_digest(
     made = created_from(engine, "regpin", t0)
     assert sorted(n for n in made if n.endswith(("-1", "-2", "-3"))) == [
         f"regbench-regpin-{cells[0].id}-{i}" for i in (1, 2, 3)]
-    assert set(made.values()) == {first}, made  # the fingerprint's and every repeat's container
-    assert len(made) == 4, made
+    audits = [n for n in made if n.startswith("regbench-regpin-audit-")]
+    assert audits and len(made) == 4 + len(audits), made
+    # The fingerprint's and every repeat's container from the digest; the audit's from the image
+    # id it looked the pin up as (bench.weights.audit_docker): the same build.
+    assert {made[n] for n in made if n not in audits} == {first}, made
+    assert {made[n] for n in audits} == {builds[0]}, made
     [fp] = results.fingerprints()
     assert (fp.image_ref, fp.image_digest, fp.image_pin, fp.image_id) == (ref, first, first, builds[0])
     # Not a drift: one build ran (the judge would call differing image ids fingerprint_changed).
