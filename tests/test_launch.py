@@ -190,8 +190,10 @@ def test_container_options_of_a_platform_and_secrets_by_name(minimal):
     assert opts["device_requests"][0]["Count"] == -1 and opts["ulimits"][0]["Name"] == "memlock"
     thor = run_options(Platform.model_validate({"name": "thor", "docker": {"runtime": "nvidia"}}))
     assert thor["runtime"] == "nvidia" and "device_requests" not in thor
-    assert labels("r1", cell.id, 2) == {"org.regbench": "1", "org.regbench.run": "r1",
-                                         "org.regbench.cell": cell.id, "org.regbench.repeat": "2"}
+    from bench.serve.launchers import owner_tag
+
+    assert labels("r1", cell.id, 2) == {"org.regbench": "1", "org.regbench.run": "r1", "org.regbench.cell": cell.id,
+                                         "org.regbench.repeat": "2", "org.regbench.owner": owner_tag()}
 
 
 def test_docker_launcher_needs_image_refs(minimal):
@@ -229,7 +231,7 @@ def test_clean_passes_over_containers_that_go_while_it_works():
     client.api.containers = lambda **_: [{"Id": "a"}, {"Id": "b"}, {"Id": "c"}]
     client.api.inspect_container = inspect
     client.api.remove_container = remove
-    assert clean(client, "r1") == ["regbench-c"] and removed == ["c"]
+    assert clean(client, "r1") == (["container regbench-c"], []) and removed == ["c"]
 
 
 def test_a_server_gone_before_the_stop_is_a_death_while_serving(tmp_path):
@@ -250,7 +252,7 @@ def test_leftovers_are_found_by_their_own_results_folder(tmp_path):
         # Until each has exec'd: a process just forked still shows its parent's environment.
         wait_until(lambda: {procs["a"].pid, procs["b"].pid} <= set(labelled_processes("r")), 30, "both labelled")
         assert labelled_processes(run_dir=tmp_path / "a" / "r") == [procs["a"].pid]
-        assert reap_local(run_dir=tmp_path / "b" / "r") == [procs["b"].pid]
+        assert reap_local(run_dir=tmp_path / "b" / "r").removed == [f"local server process {procs['b'].pid}"]
         procs["b"].wait(10)
         assert procs["a"].poll() is None
     finally:
@@ -289,9 +291,50 @@ def test_the_local_backend_removes_a_results_folders_leftovers_only(tmp_path):
         procs[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
                                        env={**os.environ, "REGBENCH_RUN_DIR": str(run_dir)})
     try:
-        removed = backend("local").leftovers("r", tmp_path / "b" / "r")
-        assert removed == [f"local server process {procs['b'].pid}"]
+        removed, kept = backend("local").leftovers("r", tmp_path / "b" / "r")
+        assert removed == [f"local server process {procs['b'].pid}"] and kept == []
         assert procs["b"].wait(10) is not None and procs["a"].poll() is None
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
+def test_clean_leaves_the_servers_of_a_bench_that_still_runs(tmp_path):
+    """On a shared host `regbench clean` removes only what benches that are gone left: a server
+    whose bench still runs (here: this test process), or ran on another host, is kept and said;
+    --all removes it too."""
+    import socket
+
+    from bench.serve.launchers import OWNER_VAR, owner_gone, owner_tag
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    owners = {"live": owner_tag(), "dead": f"{socket.gethostname()}:{dead.pid}:1.00",
+              "elsewhere": f"other-host.invalid:{os.getpid()}:1.00"}
+    assert owner_gone(owners["dead"]) == (True, "")
+    assert not owner_gone(owners["live"])[0] and not owner_gone(owners["elsewhere"])[0]
+    procs = {}
+    for name, owner in owners.items():
+        run_dir = tmp_path / name / "r" / "cells" / "c" / "run-1"
+        run_dir.mkdir(parents=True)
+        procs[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                                       env={**os.environ, "REGBENCH_RUN_DIR": str(run_dir), OWNER_VAR: owner})
+    try:
+        wait_until(lambda: {p.pid for p in procs.values()} <= set(labelled_processes("r")), 30, "all labelled")
+        out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "r"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert f"local launcher: removed 1 leftover(s): local server process {procs['dead'].pid}" in out.stdout
+        assert f"local server process {procs['live'].pid}: its bench (pid {os.getpid()} on this host) is still running" \
+            in out.stdout
+        assert "its bench ran on host other-host.invalid" in out.stdout and "--all removes them too" in out.stdout
+        assert procs["dead"].wait(10) is not None
+        assert procs["live"].poll() is None and procs["elsewhere"].poll() is None
+        forced = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "r", "--all"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert "local launcher: removed 2 leftover(s)" in forced.stdout, forced.stdout
+        assert procs["live"].wait(10) is not None and procs["elsewhere"].wait(10) is not None
     finally:
         for p in procs.values():
             p.kill()

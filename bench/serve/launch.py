@@ -37,7 +37,7 @@ from bench.core.records import Devices, Fingerprint, ServerOutcome
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import Stopped, StopToken
 from bench.serve.fingerprint import fingerprint
-from bench.serve.launchers import AuditSite
+from bench.serve.launchers import OWNER_VAR, AuditSite, Cleaned, owner_gone, owner_tag
 from bench.serve.memory import PeakSampler, gpu_bytes, pids_of_tree, rss_of_tree
 
 HOST = "127.0.0.1"
@@ -486,15 +486,30 @@ def labelled_processes(run_id: str | None = None, run_dir: Path | None = None) -
     return found
 
 
-def reap_local(run_id: str | None = None, run_dir: Path | None = None) -> list[int]:
-    """SIGKILLs the process groups of leftover local servers; returns the pids found."""
-    pids = labelled_processes(run_id, run_dir)
-    for pid in pids:
+def _environ_value(pid: int, name: str) -> str | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = next((v for v in environ if v.startswith(name.encode() + b"=")), None)
+    return found.decode(errors="replace").split("=", 1)[1] if found is not None else None
+
+
+def reap_local(run_id: str | None = None, run_dir: Path | None = None, only_gone: bool = False) -> Cleaned:
+    """SIGKILLs the process groups of leftover local servers (with `only_gone`, only those whose
+    bench is gone); says what it killed and what it kept."""
+    removed, kept = [], []
+    for pid in labelled_processes(run_id, run_dir):
+        gone, why = owner_gone(_environ_value(pid, OWNER_VAR)) if only_gone else (True, "")
+        if not gone:
+            kept.append(f"local server process {pid}: {why}")
+            continue
         try:
             os.killpg(os.getpgid(pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return pids
+        removed.append(f"local server process {pid}")
+    return Cleaned(removed, kept)
 
 
 class Launcher(Protocol):
@@ -518,8 +533,8 @@ class LocalBackend:
     def open(self, config: Config, run_id: str) -> LocalLauncher:
         return LocalLauncher(config)
 
-    def leftovers(self, run_id: str | None = None, results: Path | None = None) -> list[str]:
-        return [f"local server process {pid}" for pid in reap_local(run_id, results)]
+    def leftovers(self, run_id: str | None = None, results: Path | None = None, only_gone: bool = False) -> Cleaned:
+        return reap_local(run_id, results, only_gone)
 
 
 class LocalLauncher:
@@ -531,6 +546,7 @@ class LocalLauncher:
         self.config = config
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.redactor = redactor_for(config.server.env_passthrough, self.base_env)
+        self.owner = owner_tag()
 
     def fingerprint(self, image: Image) -> Fingerprint:
         return fingerprint(image, image_env(image, self.base_env))
@@ -548,8 +564,9 @@ class LocalLauncher:
             scratch = Path(tempfile.mkdtemp(prefix="regbench-"))
             env = vllm_env(cell, server, scratch, self.base_env, self.config.profile(cell.platform))
             env.update(device_env(devices))
-            # A label every process of the server inherits, so leftovers can be found by it.
+            # Labels every process of the server inherits, so leftovers can be found by them.
             env[RUN_LABEL] = str(run_dir)
+            env[OWNER_VAR] = self.owner
             return ProcessGroup(argv, env, run_dir, log_path, scratch, self.redactor)
 
         return Server(start, argv, port, log_path, server.boot_timeout_s, server.shutdown_timeout_s,

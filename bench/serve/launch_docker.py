@@ -32,6 +32,7 @@ answer, not a boot failure per repeat.
 from __future__ import annotations
 
 import os
+import platform as _platform
 import signal
 import threading
 from collections.abc import Iterable, Mapping
@@ -51,6 +52,7 @@ from bench.core.matrix import Cell
 from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
+from bench.core.verdicts import NOT_RUNNABLE
 from bench.serve.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
 from bench.serve.launch import (
     Server,
@@ -61,7 +63,8 @@ from bench.serve.launch import (
     serve_args,
     server_env,
 )
-from bench.serve.launchers import AuditSite, LauncherUnavailable
+from bench.serve.launchers import AuditSite, Cleaned, LauncherUnavailable, owner_gone, owner_tag
+from bench.serve.memory import gpu_bytes
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -190,8 +193,28 @@ def run_options(platform: Platform, devices: Devices | None = None) -> dict:
     return opts
 
 
+# platform.machine() → the architecture names of image configs (OCI / Go's GOARCH).
+OCI_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "armv7l": "arm",
+            "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
+
+
+def not_runnable(ref: str, attrs: Mapping, machine: str | None = None) -> str | None:
+    """Why an image cannot run on this host (pure given `machine`), or None: its architecture
+    (`docker image inspect`'s Architecture) against the host's. The reason starts with
+    bench.core.verdicts.NOT_RUNNABLE, which the judge reports as `not_runnable`."""
+    machine = machine or _platform.machine()
+    arch, os_ = attrs.get("Architecture"), attrs.get("Os")
+    host = OCI_ARCH.get(machine, machine)
+    if arch and arch != host:
+        return (f"{NOT_RUNNABLE}: image {ref} is {os_ or 'linux'}/{arch}{'/' + attrs['Variant'] if attrs.get('Variant') else ''}"
+                f", this host is {host} ({machine}); no container was started")
+    if os_ and os_ != "linux":
+        return f"{NOT_RUNNABLE}: image {ref} is for {os_}, this host runs linux containers"
+    return None
+
+
 def labels(run_id: str, cell_id: str, repeat: int | None) -> dict[str, str]:
-    out = {LABEL: "1", f"{LABEL}.run": run_id, f"{LABEL}.cell": cell_id}
+    out = {LABEL: "1", f"{LABEL}.run": run_id, f"{LABEL}.cell": cell_id, f"{LABEL}.owner": owner_tag()}
     if repeat is not None:
         out[f"{LABEL}.repeat"] = str(repeat)
     return out
@@ -375,8 +398,22 @@ class Container:
             return None, None
         # As `docker stats` shows it: the cgroup's usage less its inactive page cache.
         inactive = (mem.get("stats") or {}).get("inactive_file", 0)
-        # GPU memory: nvidia-smi on the host sees the container's processes as host pids.
-        return int(usage) - int(inactive), None
+        host = int(usage) - int(inactive)
+        # GPU memory: nvidia-smi on the host sees the container's processes as host pids; where it
+        # lists them with [N/A] (unified memory) the container's memory is the GPU's.
+        return host, gpu_bytes(self.pids(), lambda _: host)
+
+    def pids(self) -> set[int]:
+        """The container's processes as host pids (the engine's `top`), empty once it is gone."""
+        try:
+            top = self.container.top()
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return set()
+        titles = top.get("Titles") or []
+        if "PID" not in titles:
+            return set()
+        i = titles.index("PID")
+        return {int(row[i]) for row in top.get("Processes") or [] if str(row[i]).isdigit()}
 
     def cleanup(self) -> None:
         _remove(self.container)
@@ -399,13 +436,13 @@ class DockerBackend:
     def open(self, config: Config, run_id: str) -> DockerLauncher:
         return DockerLauncher(config, run_id)
 
-    def leftovers(self, run_id: str | None = None, results: Path | None = None) -> list[str]:
+    def leftovers(self, run_id: str | None = None, results: Path | None = None, only_gone: bool = False) -> Cleaned:
         # Containers carry the run id, not the results folder: a resumed run removes its id's.
         try:
             c = client()
         except DockerUnavailable:
-            return []  # no engine, no containers
-        return [f"container {name}" for name in clean(c, run_id)]
+            return Cleaned([], [])  # no engine, no containers
+        return clean(c, run_id, only_gone)
 
 
 class DockerLauncher:
@@ -421,6 +458,7 @@ class DockerLauncher:
         self.redactor = redactor_for(config.server.env_passthrough, self.host_env)
         self.pins: dict[tuple[str, str | None], Resolved] = {}  # (image name, ref) -> resolved once
         self._resolving = threading.Lock()
+        self._runnable: dict[str, str | None] = {}  # pin -> why it cannot run here (None: it can)
 
     def resolve_images(self, images: Iterable[Image], earlier: Mapping[str, str] | None = None) -> dict[str, Image]:
         """Each image resolved once for the run, before the cells (`earlier`: image name -> the
@@ -449,6 +487,17 @@ class DockerLauncher:
                 self.pins[key] = resolve(self.docker, image, earlier)
             return self.pins[key]
 
+    def not_runnable(self, pin: str, ref: str) -> str | None:
+        """An image checked once against this host (not_runnable), before any container of it."""
+        with self._resolving:
+            if pin not in self._runnable:
+                try:
+                    attrs = self.docker.images.get(pin).attrs
+                except docker.errors.DockerException:
+                    attrs = {}  # not inspectable: the start says why
+                self._runnable[pin] = not_runnable(ref, attrs)
+            return self._runnable[pin]
+
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server:
         port = free_port()
@@ -469,6 +518,9 @@ class DockerLauncher:
                 pin = self._resolved(cell.image).pin
             except ImageUnavailable as exc:
                 raise StartError(str(exc)) from None
+            reason = self.not_runnable(pin, cell.image.ref or pin)
+            if reason is not None:
+                raise StartError(reason)
             return Container(self.docker, pin, command, create, log_path, self.redactor)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
@@ -482,6 +534,9 @@ class DockerLauncher:
         try:
             r = self._resolved(image)
             host.update(image_ref=image.ref, image_id=r.image_id, image_digest=r.digest, image_pin=r.pin)
+            reason = self.not_runnable(r.pin, image.ref or r.pin)
+            if reason is not None:
+                return Fingerprint(**host, error=reason)  # said here once, and by each run
             env = dict(image.env)
             if image.pythonpath:
                 env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(image.pythonpath)))
@@ -504,16 +559,21 @@ class DockerLauncher:
                     pass
 
 
-def clean(docker_client: docker.DockerClient, run_id: str | None = None) -> list[str]:
-    """Removes regbench's containers (of one run, or all); returns their names."""
+def clean(docker_client: docker.DockerClient, run_id: str | None = None, only_gone: bool = False) -> Cleaned:
+    """Removes regbench's containers (of one run, or all; with `only_gone` only those whose bench
+    is gone, bench.serve.launchers.owner_gone); says what it removed and what it kept."""
     label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
-    removed = []
+    removed, kept = [], []
     # A container may go between the listing and its removal (its bench removing it as it ends):
     # gone is what was asked for, and it is not counted as ours.
     for c in docker_client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
+        gone, why = owner_gone((c.labels or {}).get(f"{LABEL}.owner")) if only_gone else (True, "")
+        if not gone:
+            kept.append(f"container {c.name}: {why}")
+            continue
         try:
             c.remove(force=True)
         except docker.errors.NotFound:
             continue
-        removed.append(str(c.name))
-    return removed
+        removed.append(f"container {c.name}")
+    return Cleaned(removed, kept)
