@@ -11,6 +11,7 @@ failure. What is checked is what the engine was asked to create, read back from 
 from __future__ import annotations
 
 import io
+import secrets
 import socket
 import subprocess
 import sys
@@ -100,13 +101,15 @@ def registry(tmp_path: Path) -> Iterator[Registry]:
 
 @pytest.fixture(scope="module")
 def builds(engine: docker.DockerClient) -> Iterator[list[str]]:
-    """Two builds of one tiny image (their labels differ): their image ids."""
+    """Two builds of one tiny image (their labels differ): their image ids. A label of this session's
+    own makes them images of its own too, which no other test session uses or removes."""
     ids = []
+    session = secrets.token_hex(8)
     for n in (1, 2):
         context = io.BytesIO()
         with tarfile.open(fileobj=context, mode="w") as tar:
             dockerfile = (f"FROM scratch\nCOPY python3 /usr/bin/python3\nENV PATH=/usr/bin\n"
-                          f"LABEL org.regbench.test.build={n}\n").encode()
+                          f"LABEL org.regbench.test.build={n} org.regbench.test.session={session}\n").encode()
             info = tarfile.TarInfo("Dockerfile")
             info.size = len(dockerfile)
             tar.addfile(info, io.BytesIO(dockerfile))
