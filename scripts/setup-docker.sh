@@ -85,10 +85,13 @@ command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 # A registry for the tests (tests/test_registry.py starts one on 127.0.0.1 and stops it): not
 # started here, the package's service is not used.
 [ -x /usr/bin/docker-registry ] || need_pkgs+=(docker-registry)
+# The GPU stand-in engine's image is one static C program (tests/gpu_docker.py): gcc and libc.a.
+command -v gcc >/dev/null || need_pkgs+=(gcc)
+[ -f /usr/lib/"$(uname -m)"-linux-gnu/libc.a ] || need_pkgs+=(libc6-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   step "Debian packages ${need_pkgs[*]}" "~20 s" "$LOG_DIR/apt.log" -- install_packages "${need_pkgs[@]}"
 else
-  ready "dockerd, debootstrap and docker-registry"
+  ready "dockerd, debootstrap, docker-registry and gcc"
 fi
 
 if docker info >/dev/null 2>&1; then
