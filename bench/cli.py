@@ -20,6 +20,7 @@ from bench import slurm
 from bench.core.compare import AXES, compare, format_comparison
 from bench.core.config import ENV_NAME, Config, ConfigError, load_config, with_devices, with_image_refs
 from bench.core.diagnosis import Diagnosis
+from bench.core.judge import probe_key
 from bench.core.matrix import expand
 from bench.core.perf import METRICS
 from bench.core.records import RunRecord, Summary, TokenDiff
@@ -101,12 +102,18 @@ def run_line(record: RunRecord, divergence: list[TokenDiff] | None) -> str:
     head = f"{record.cell_id} #{record.repeat} ({boot})"
     if record.interrupted:
         return f"[yellow]-[/] {head}: interrupted"
-    reasons = sorted({str(f.reason) for f in record.findings})
+    probes = [f for f in record.findings if probe_key(f) is not None]
+    reasons = sorted({str(f.reason) for f in record.findings if probe_key(f) is None})
     if divergence:
         first = min(divergence, key=lambda d: d.position)
         reasons.append(f"divergence from baseline at token {first.position} ({first.prompt_id})")
     if reasons:
-        return f"[red]✗[/] {head}: {', '.join(reasons)}"
+        return f"[red]✗[/] {head}: {', '.join(reasons + sorted({str(f.reason) for f in probes}))}"
+    if probes:
+        # Known answers and the reference ceiling count only where the baseline meets them
+        # (bench.core.judge.set_aside_probes): the cell's verdict says, once the baseline is in.
+        missed = ", ".join(sorted({f.prompt_id or "reference text" for f in probes}))
+        return f"[yellow]?[/] {head}: missed {missed}; counted unless the baseline misses it too"
     if divergence is None:
         return f"[yellow]?[/] {head}: no finding of its own; compared with the baseline once it has a clean run"
     return f"[green]✓[/] {head}"

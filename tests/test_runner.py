@@ -114,6 +114,15 @@ def test_the_progress_line_marks_pass_pending_and_divergence():
     assert "✓" not in run_line(record, None) and "baseline" in run_line(record, None)
     line = run_line(record, [TokenDiff(prompt_id="p", repeat=1, position=5)])
     assert line.startswith("[red]✗") and "token 5 (p)" in line
+    # A missed known answer alone is not yet a failure: the baseline may miss it too.
+    from bench.core.verdicts import ExpectationMissed, Finding
+
+    missed = Finding(reason="expectation_failed", prompt_id="france",
+                     evidence=ExpectationMissed(expected="contains 'Paris'", answer="L'Étoile"))
+    line = run_line(record.model_copy(update={"findings": [missed]}), [])
+    assert line.startswith("[yellow]?") and "missed france" in line
+    line = run_line(record.model_copy(update={"findings": [missed, Finding(reason="empty_text", detail="x")]}), [])
+    assert line.startswith("[red]✗") and "empty_text, expectation_failed" in line
 
 
 def test_the_schedule_hands_out_runs_in_order_and_stops_a_settled_cell(minimal):
