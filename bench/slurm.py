@@ -16,8 +16,8 @@ Inside a job the local launcher's bench runs with `--devices none`: Slurm has al
 job to its GPUs (CUDA_VISIBLE_DEVICES, set by its GRES plugin), and the launcher then leaves that
 variable as Slurm set it rather than binding devices of the platform profile again. Containers are
 started by the Docker engine, outside the job's cgroup and environment, so under `launcher:
-docker` the job's bench is given the job's GPUs as its devices (`--devices $SLURM_JOB_GPUS`, the
-node's GPU indices, else CUDA_VISIBLE_DEVICES): each container then gets exactly those ids in its
+docker` the job's bench is given the job's GPUs as its devices (`--devices $SLURM_JOB_GPUS`, their
+indices in the node's gres.conf, else CUDA_VISIBLE_DEVICES): each container then gets exactly those ids in its
 device request, never the profile's `gpus: all` (see JOB_DEVICES).
 
 Stopping (Ctrl-C, SIGTERM, a worker error) cancels every job of the run and waits until none is
@@ -92,8 +92,9 @@ def _run(argv: list[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
         raise SlurmError(f"{' '.join(argv[:2])} did not answer in {timeout:.0f} s") from None
 
 
-# The job's GPUs as a --devices list, in the job's shell: Slurm's SLURM_JOB_GPUS holds the node's
-# GPU indices (what a container's device request names); CUDA_VISIBLE_DEVICES when it is not set.
+# The job's GPUs as a --devices list, in the job's shell: Slurm's SLURM_JOB_GPUS holds their indices
+# in the node's gres.conf (nvidia-smi's indices, what a container's device request names, when
+# gres.conf lists /dev/nvidia0, 1, ... in order); CUDA_VISIBLE_DEVICES when it is not set.
 JOB_DEVICES = '${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-none}}'
 
 
