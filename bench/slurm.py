@@ -47,6 +47,7 @@ from bench.core.config import Config, SlurmProfile, load_config
 from bench.core.matrix import Cell, expand
 from bench.core.records import JOB_DONE_STATES, JobRecord, Summary
 from bench.core.stop import StopToken
+from bench.serve.launchers import backend
 from bench.store.merge import merge
 from bench.store.publish import regenerate
 from bench.store.results import ResultsDir, write_config
@@ -371,6 +372,12 @@ def resume(path: Path, again: SlurmOptions, status: Status) -> SlurmRun:
                               options, status)
 
 
+def devices_from_job(config: Config) -> bool:
+    """Whether the matrix's launcher needs a job's GPUs as devices (its back-end says: containers
+    do, a local server inherits the job's binding)."""
+    return bool(getattr(backend(config.launcher), "devices_from_job", False))
+
+
 def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int, int]], jobs: list[SlurmJob],
                        root: Path, run_id: str, results: Path, options: SlurmOptions, status: Status) -> SlurmRun:
     stop = StopToken()
@@ -385,7 +392,7 @@ def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int,
             profile = config.profile(cell.platform)
             jobs.append(submit(cell, matrix, run_id, root, index, options.over(profile.slurm),
                                profile.device_kind == "gpu", attempt,
-                               job_gpus=profile.device_kind == "gpu" and config.launcher == "docker"))
+                               job_gpus=profile.device_kind == "gpu" and devices_from_job(config)))
             save(jobs)
             status(f"submitted job {jobs[-1].job_id}: {cell.id}" + (f" (attempt {attempt})" if attempt > 1 else ""))
         jobs = follow(jobs, stop, status, save)

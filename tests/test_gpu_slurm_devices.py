@@ -19,7 +19,7 @@ from bench.core.config import load_config, with_devices
 from bench.core.matrix import expand
 from bench.serve.launch_docker import run_options
 from bench.serve.slots import SlotPool
-from bench.slurm import job_script
+from bench.slurm import devices_from_job, job_script
 
 
 def config_file(tmp_path: Path, launcher: str) -> Path:
@@ -58,6 +58,7 @@ def devices_arg(argv: list[str]) -> str:
 
 def test_each_jobs_bench_gets_the_jobs_gpus_and_its_containers_ask_for_them(tmp_path):
     config = load_config(config_file(tmp_path, "docker"))
+    assert devices_from_job(config)
     cell = expand(config)[0]
     script = job_script(cell, Path("/shared/m.yaml"), "r1", tmp_path / "slices" / "001", python="/venv/bin/python",
                         job_gpus=True)
@@ -95,5 +96,6 @@ def test_the_profiles_gpus_all_is_what_a_bench_without_devices_asks_for(tmp_path
 def test_the_local_launchers_job_keeps_slurms_cuda_visible_devices(tmp_path):
     # Locally the server is a process of the job: Slurm's binding (and cgroup) applies as it is.
     config = load_config(config_file(tmp_path, "local"))
+    assert not devices_from_job(config)
     script = job_script(expand(config)[0], Path("/shared/m.yaml"), "r1", tmp_path / "s", python="/venv/bin/python")
     assert devices_arg(bench_args(tmp_path, script, {"SLURM_JOB_GPUS": "2,3"})) == "none"

@@ -432,6 +432,9 @@ class DockerBackend:
 
     name = "docker"
     audit_in: AuditSite = "container"  # as DockerLauncher
+    # Its servers are started by the engine, outside a Slurm job's cgroup and environment: they
+    # get the job's GPUs only when given them as devices (bench.slurm.job_script).
+    devices_from_job = True
 
     def open(self, config: Config, run_id: str) -> DockerLauncher:
         return DockerLauncher(config, run_id)
