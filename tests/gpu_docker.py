@@ -41,6 +41,9 @@ int main(int argc, char **argv) {
   return 0;
 }
 """
+# Jetson's `nvidia` runtime (a runc wrapper that reads NVIDIA_VISIBLE_DEVICES) stood in by runc
+# itself under that name: what the test sees is the environment the container was created with.
+RUNC = shutil.which("runc") or "/usr/sbin/runc"
 START_S = 60.0
 STOP_S = 60.0
 
@@ -86,7 +89,8 @@ class StandinEngine:
             self.proc = subprocess.Popen(
                 ["dockerd", "--data-root", str(self.dir / "data"), "--exec-root", str(self.dir / "exec"),
                  "--pidfile", str(self.dir / "docker.pid"), "-H", self.url, "--bridge=none", "--iptables=false",
-                 "--ip-masq=false"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                 "--ip-masq=false", f"--add-runtime=nvidia={RUNC}"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         def answers() -> bool:
             try:
                 self.client = docker.DockerClient(base_url=self.url, timeout=60)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.core.config import load_config
+from bench.core.config import load_config, with_devices
 from bench.core.judge import judge_server
 from bench.core.matrix import expand
 from bench.core.verdicts import Reason
 from bench.serve.launch import BootError
-from bench.serve.launch_docker import Container, DockerLauncher, not_runnable, run_options
+from bench.serve.launch_docker import Container, DockerLauncher, container_env, not_runnable, run_options
 from bench.serve.slots import SlotPool
 
 from .gpu_docker import IMAGE, StandinEngine, available
@@ -85,6 +85,22 @@ def test_two_slots_give_two_containers_disjoint_gpus(engine, tmp_path):
     assert "all" not in seen[0] | seen[1]
     pool.release(a)
     pool.release(b)
+
+
+def test_under_the_nvidia_runtime_two_slots_give_disjoint_nvidia_visible_devices(engine, tmp_path):
+    # Jetson (agx-thor): no device request; the runtime reads NVIDIA_VISIBLE_DEVICES from the
+    # container's environment, which the launcher sets to the slot's ids.
+    config = with_devices(load_config(matrix(tmp_path, "agx-thor", IMAGE)), "0-3")
+    profile = config.profile("agx-thor")
+    cell = expand(config)[0]
+    pool = SlotPool("gpu", profile.devices, locks=tmp_path / "locks")
+    seen = []
+    for devices in (pool.acquire(2), pool.acquire(2)):
+        create = run_options(profile, devices)
+        assert create["runtime"] == "nvidia" and "device_requests" not in create
+        env = env_of(engine, environment=container_env(cell, config, {}, devices), **create)
+        seen.append(set(env["NVIDIA_VISIBLE_DEVICES"].split(",")))
+    assert seen == [{"0", "1"}, {"2", "3"}]
 
 
 def test_container_gpu_memory_comes_from_nvidia_smi_by_the_containers_pids(engine, tmp_path, monkeypatch):
