@@ -34,6 +34,7 @@ from bench.core.perf import run_perf
 from bench.core.records import (
     Devices,
     PreflightRecord,
+    Reason,
     RequestRecord,
     RunPerf,
     RunRecord,
@@ -284,14 +285,25 @@ class Schedule:
                           if (cell.id, repeat) not in done)
         self.total = len(self.todo)
         self.failed: dict[str, list[bool]] = {}
+        # Cells whose image cannot run on this host (its architecture): said once, by their
+        # first run; more repeats would only say it again.
+        self.unrunnable: set[str] = set()
         for r in earlier:
-            self.failed.setdefault(r.cell_id, []).append(r.failed)
+            self._note(r)
         self.lock = threading.Lock()
+
+    def _note(self, record: RunRecord) -> None:
+        self.failed.setdefault(record.cell_id, []).append(record.failed)
+        if any(f.reason == Reason.NOT_RUNNABLE for f in record.findings):
+            self.unrunnable.add(record.cell_id)
 
     def next(self, stop: StopToken) -> tuple[Cell, int] | None:
         with self.lock:
             while self.todo and not stop.stopped:
                 cell, repeat = self.todo.popleft()
+                if cell.id in self.unrunnable:
+                    self.status(f"{cell.id}: not runnable on this host, skipping #{repeat}")
+                    continue
                 outcomes = self.failed.get(cell.id, [])
                 if self.settled and outcomes and self.settled(sum(outcomes), len(outcomes), cell.repeats):
                     self.status(f"{cell.id}: settled after {len(outcomes)} runs, skipping #{repeat}")
@@ -302,7 +314,7 @@ class Schedule:
     def record(self, record: RunRecord) -> None:
         with self.lock:
             if not record.interrupted:
-                self.failed.setdefault(record.cell_id, []).append(record.failed)
+                self._note(record)
 
 
 class Workers:

@@ -189,3 +189,25 @@ def test_a_stop_while_the_server_boots_or_stops_interrupts_the_run_rather_than_f
     record = run_one(cfg, cell, 1, launcher, results, status=lambda _: None, stop=server.stop)
     assert record.interrupted and record.findings == [], record.findings
     assert [r.interrupted for r in results.runs()] == [True]
+
+
+def test_a_cell_whose_image_cannot_run_here_is_said_once_not_per_repeat(minimal):
+    from bench.core.stop import StopToken
+    from bench.runner import Schedule
+
+    cfg = config(minimal, repeats=3, exclude=[])  # two cells
+    cells = expand(cfg)
+    said: list[str] = []
+    schedule = Schedule(cfg, cells, frozenset(), [], said.append)
+    stop = StopToken()
+    first = schedule.next(stop)
+    assert first == (cells[0], 1)
+    schedule.record(RunRecord(cell_id=cells[0].id, repeat=1, server=ServerOutcome(
+        command=["x"], port=1, log_path="l", started_at=0.0),
+        findings=[Finding(reason=Reason.NOT_RUNNABLE, detail="not runnable on this host: image is linux/arm64")]))
+    handed = []
+    while (job := schedule.next(stop)) is not None:
+        handed.append((job[0].id, job[1]))
+    assert handed == [(cells[1].id, r) for r in (1, 2, 3)]
+    assert said == [f"{cells[0].id}: not runnable on this host, skipping #2",
+                    f"{cells[0].id}: not runnable on this host, skipping #3"]
