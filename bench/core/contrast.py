@@ -19,7 +19,8 @@ from bench.core.compare import AXES
 from bench.core.records import CellSummary, Fingerprint
 from bench.core.verdicts import Verdict
 
-_FIELDS = ("vllm", "runai_model_streamer", "torch", "cuda", "python", "arch", "gpu")
+_FIELDS = ("vllm", "runai_model_streamer", "torch", "cuda", "transformers", "flashinfer", "triton", "nccl",
+           "modelopt", "cudnn", "python", "arch", "gpu")
 
 
 class _Model(BaseModel):

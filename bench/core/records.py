@@ -200,6 +200,13 @@ class Fingerprint(Record):
     runai_model_streamer: str | None = None
     torch: str | None = None
     cuda: str | None = None
+    # Where FP8/NVFP4 regressions live, whichever the environment has (None: not installed).
+    transformers: str | None = None
+    flashinfer: str | None = None  # flashinfer-python
+    triton: str | None = None
+    nccl: str | None = None  # torch's (CUDA builds), else the nvidia-nccl-cu* distribution's
+    modelopt: str | None = None  # nvidia-modelopt
+    cudnn: str | None = None  # torch.backends.cudnn.version() as major.minor.patch, else nvidia-cudnn-cu*
     arch: str | None = None
     cpu: str | None = None
     gpu: str | None = None

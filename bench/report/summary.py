@@ -253,14 +253,19 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
             lines += _nondeterminism_lines(c)
     if fingerprints:
         pinned = any(f.image_ref for f in fingerprints)  # containers: which build every repeat ran
+        # The packages where FP8/NVFP4 regressions live: a column only where some image has one.
+        extra = [(k, label) for k, label in _PACKAGE_COLUMNS if any(getattr(f, k) for f in fingerprints)]
         lines += ["", "## Environments", "", "| image |" + (" ref → pinned to |" if pinned else "")
-                  + " vLLM | runai-model-streamer | torch | CUDA | Python | arch | CPU | GPU |",
-                  "|---|" + ("---|" if pinned else "") + "---|---|---|---|---|---|---|---|"]
+                  + " vLLM | runai-model-streamer | torch | CUDA |" + "".join(f" {label} |" for _, label in extra)
+                  + " Python | arch | CPU | GPU |",
+                  "|---|" + ("---|" if pinned else "") + "---|---|---|---|" + "---|" * len(extra)
+                  + "---|---|---|---|"]
         for f in fingerprints:
             lines.append(
                 f"| {f.image} |" + (f" {_pin(f)} |" if pinned else "")
-                + f" {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} | "
-                f"{f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
+                + f" {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} |"
+                + "".join(f" {getattr(f, k) or '-'} |" for k, _ in extra)
+                + f" {f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
                 + (f" probe error: {f.error}" if f.error else "")
             )
     lines += jobs_markdown(jobs)
@@ -269,6 +274,10 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
         lines += diagnosis_markdown(diagnosis)
     lines += ["", "Per-run detail: `report.html` and `junit.xml` in the results folder."]
     return "\n".join(lines) + "\n"
+
+
+_PACKAGE_COLUMNS = (("transformers", "transformers"), ("flashinfer", "FlashInfer"), ("triton", "Triton"),
+                    ("nccl", "NCCL"), ("modelopt", "ModelOpt"), ("cudnn", "cuDNN"))
 
 
 def _pin(f: Fingerprint) -> str:

