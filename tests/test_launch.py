@@ -308,6 +308,8 @@ def test_clean_leaves_the_servers_of_a_bench_that_still_runs(tmp_path):
 
     from bench.serve.launchers import OWNER_VAR, owner_gone, owner_tag
 
+    # A run id of its own: `clean --all` takes whatever carries the id, other tests' servers too.
+    run_id = f"clean-{os.getpid()}-{tmp_path.name}"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     owners = {"live": owner_tag(), "dead": f"{socket.gethostname()}:{dead.pid}:1.00",
@@ -316,13 +318,13 @@ def test_clean_leaves_the_servers_of_a_bench_that_still_runs(tmp_path):
     assert not owner_gone(owners["live"])[0] and not owner_gone(owners["elsewhere"])[0]
     procs = {}
     for name, owner in owners.items():
-        run_dir = tmp_path / name / "r" / "cells" / "c" / "run-1"
+        run_dir = tmp_path / name / run_id / "cells" / "c" / "run-1"
         run_dir.mkdir(parents=True)
         procs[name] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
                                        env={**os.environ, "REGBENCH_RUN_DIR": str(run_dir), OWNER_VAR: owner})
     try:
-        wait_until(lambda: {p.pid for p in procs.values()} <= set(labelled_processes("r")), 30, "all labelled")
-        out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "r"], cwd=ROOT,
+        wait_until(lambda: {p.pid for p in procs.values()} <= set(labelled_processes(run_id)), 30, "all labelled")
+        out = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", run_id], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert f"local launcher: removed 1 leftover(s): local server process {procs['dead'].pid}" in out.stdout
@@ -331,7 +333,7 @@ def test_clean_leaves_the_servers_of_a_bench_that_still_runs(tmp_path):
         assert "its bench ran on host other-host.invalid" in out.stdout and "--all removes them too" in out.stdout
         assert procs["dead"].wait(10) is not None
         assert procs["live"].poll() is None and procs["elsewhere"].poll() is None
-        forced = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", "r", "--all"], cwd=ROOT,
+        forced = subprocess.run([sys.executable, "-m", "bench", "clean", "--run-id", run_id, "--all"], cwd=ROOT,
                                 capture_output=True, text=True, timeout=120)
         assert "local launcher: removed 2 leftover(s)" in forced.stdout, forced.stdout
         assert procs["live"].wait(10) is not None and procs["elsewhere"].wait(10) is not None
