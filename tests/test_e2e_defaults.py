@@ -2,8 +2,8 @@
 comparison and the reference-text probe with its default ceiling, no pre-flight. A random model
 never meets that ceiling (measured 7.7 nats/token, about ln(vocab)), so the healthy baseline misses
 it; that must not fail the baseline nor erase the contrast that names the broken cell. With
-logprobs asked for, the server whose weights were dropped answers HTTP 400 (it cannot encode its
-NaN logprobs): that finding is named for what it is.
+logprobs asked for, the server whose weights were dropped answers HTTP 400 when they come out NaN
+(it cannot encode its logprobs; seen in one run of two here): that finding is named for what it is.
 
 Slow tier: two servers (safetensors and runai_streamer under streamer 0.16.0, the canary layout:
 empty shards first), shared by every assertion here.
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bench.core.diagnosis import Diagnosis
-from bench.core.records import Summary
+from bench.core.records import RequestRecord, Summary
 
 from .support import one_cell_config, regbench
 
@@ -48,8 +48,13 @@ def test_a_ceiling_the_random_baseline_misses_is_set_aside_and_the_broken_cell_s
     (score,) = base.reference_nll
     assert score is not None and score > 6.0  # the model is random: the ceiling does not fit it
     assert broken.verdict == "fail"
-    # Non-streamed requests with logprobs: HTTP 400 for NaN it cannot encode, named as such.
-    assert broken.reasons.get("non_finite_output") == 1 and "http_error" not in broken.reasons, broken.reasons
+    # Non-streamed requests with logprobs get HTTP 400 when the uninitialised weights give NaN
+    # (not on every start: whatever memory the weights were left with may be finite), and that is
+    # named for what it is, never a generic http_error.
+    requests = [RequestRecord.model_validate_json(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
+    refused = sum(q.cell_id == BROKEN and q.status == 400 for q in requests)
+    assert broken.reasons.get("non_finite_output", 0) == (1 if refused else 0), (refused, broken.reasons)
+    assert "http_error" not in broken.reasons, broken.reasons
     assert "## Probes that did not hold" in (run_dir / "summary.md").read_text()
 
 
