@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -101,6 +102,23 @@ def host_gpu() -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"nvidia-smi failed: {exc}"
     return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
+
+
+_DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")
+
+
+def host_cuda() -> tuple[int, int] | None:
+    """The newest CUDA this host's driver runs (nvidia-smi's header "CUDA Version: X.Y"); None on
+    a host without nvidia-smi, or when it does not say."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _DRIVER_CUDA.search(out)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def parse_probe(output: str, host: dict) -> Fingerprint:

@@ -31,8 +31,10 @@ answer, not a boot failure per repeat.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform as _platform
+import re
 import signal
 import threading
 from collections.abc import Iterable, Mapping
@@ -53,7 +55,7 @@ from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
 from bench.core.verdicts import NOT_RUNNABLE
-from bench.serve.fingerprint import PROBE, host_cpu, host_gpu, parse_probe
+from bench.serve.fingerprint import PROBE, host_cpu, host_cuda, host_gpu, parse_probe
 from bench.serve.launch import (
     Server,
     StartError,
@@ -198,10 +200,37 @@ OCI_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "a
             "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
 
 
-def not_runnable(ref: str, attrs: Mapping, machine: str | None = None) -> str | None:
-    """Why an image cannot run on this host (pure given `machine`), or None: its architecture
-    (`docker image inspect`'s Architecture) against the host's. The reason starts with
-    bench.core.verdicts.NOT_RUNNABLE, which the judge reports as `not_runnable`."""
+_REQUIRE_CUDA = re.compile(r"(?:^|\s)cuda>=(\d+)\.(\d+)")
+_CUDA_VERSION = re.compile(r"^(\d+)\.(\d+)")
+
+
+def required_cuda(attrs: Mapping) -> tuple[tuple[int, int], str] | None:
+    """The CUDA an image needs of the host's driver, and where that was read (pure): NVIDIA's CUDA
+    base images say it in NVIDIA_REQUIRE_CUDA ("cuda>=12.8 brand=…"), which the NVIDIA container
+    toolkit enforces itself, else CUDA_VERSION; None when the image says nothing or waives it
+    (NVIDIA_DISABLE_REQUIRE)."""
+    env = dict(v.partition("=")[::2] for v in (attrs.get("Config") or {}).get("Env") or [])
+    if env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in ("1", "true", "yes"):
+        return None
+    m = _REQUIRE_CUDA.search(env.get("NVIDIA_REQUIRE_CUDA", ""))
+    if m:
+        return (int(m.group(1)), int(m.group(2))), "NVIDIA_REQUIRE_CUDA"
+    m = _CUDA_VERSION.match(env.get("CUDA_VERSION", ""))
+    return ((int(m.group(1)), int(m.group(2))), "CUDA_VERSION") if m else None
+
+
+def not_runnable(ref: str, attrs: Mapping, machine: str | None = None,
+                 driver_cuda: tuple[int, int] | None = None) -> str | None:
+    """Why an image cannot run on this host (pure given `machine` and `driver_cuda`), or None: its
+    architecture (`docker image inspect`'s Architecture) against the host's, and where the host has
+    NVIDIA's driver (`driver_cuda`: the newest CUDA it runs, from nvidia-smi) the CUDA the image
+    needs. The reason starts with bench.core.verdicts.NOT_RUNNABLE, which the judge reports as
+    `not_runnable`."""
+    needs = required_cuda(attrs)
+    if driver_cuda is not None and needs is not None and needs[0] > driver_cuda:
+        (major, minor), source = needs
+        return (f"{NOT_RUNNABLE}: image {ref} needs CUDA {major}.{minor} ({source}), this host's driver runs "
+                f"CUDA {driver_cuda[0]}.{driver_cuda[1]} at most (nvidia-smi); no container was started")
     machine = machine or _platform.machine()
     arch, os_ = attrs.get("Architecture"), attrs.get("Os")
     host = OCI_ARCH.get(machine, machine)
@@ -490,6 +519,11 @@ class DockerLauncher:
                 self.pins[key] = resolve(self.docker, image, earlier)
             return self.pins[key]
 
+    @functools.cached_property
+    def driver_cuda(self) -> tuple[int, int] | None:
+        """The newest CUDA this host's NVIDIA driver runs (None: no driver here), read once."""
+        return host_cuda()
+
     def not_runnable(self, pin: str, ref: str) -> str | None:
         """An image checked once against this host (not_runnable), before any container of it."""
         with self._resolving:
@@ -498,7 +532,7 @@ class DockerLauncher:
                     attrs = self.docker.images.get(pin).attrs
                 except docker.errors.DockerException:
                     attrs = {}  # not inspectable: the start says why
-                self._runnable[pin] = not_runnable(ref, attrs)
+                self._runnable[pin] = not_runnable(ref, attrs, driver_cuda=self.driver_cuda)
             return self._runnable[pin]
 
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
