@@ -43,11 +43,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.core.config import Config, SlurmProfile, load_config
+from bench.core.config import Config, SlurmProfile, load_config, parse_config
 from bench.core.matrix import Cell, expand
 from bench.core.records import JOB_DONE_STATES, JobRecord, Summary
 from bench.core.stop import StopToken
-from bench.serve.launchers import backend
+from bench.serve.launchers import LauncherUnavailable, backend, open_launcher
 from bench.store.merge import merge
 from bench.store.publish import regenerate
 from bench.store.results import ResultsDir, write_config
@@ -318,6 +318,33 @@ class SlurmRun:
 Status = Callable[[str], None]
 
 
+def pin_for_jobs(config: Config, cells: Sequence[Cell], run_id: str, status: Status) -> Config:
+    """The config with its images pinned once, at submission, where a launcher pulls images (the
+    docker launcher: `repo@sha256:…`, or the image id of one that only exists here): every job of
+    the run, baseline and test cells alike, then runs the same build even if a tag moves between
+    the jobs' starts. A submitting host without a container engine leaves it to each job (said);
+    an image that cannot be had is an error before any job (the launcher's ConfigError)."""
+    images = list({c.image.name: c.image for c in cells if c.image.ref}.values())
+    if not images:
+        return config
+    try:
+        launcher = open_launcher(config, run_id)
+    except LauncherUnavailable as exc:
+        status(f"images not pinned at submission ({exc}): each job resolves its own")
+        return config
+    resolve = getattr(launcher, "resolve_images", None)
+    if resolve is None:
+        return config
+    pinned = resolve(images)
+    data = config.model_dump(mode="json")
+    for image in data["images"]:
+        if image["name"] in pinned:
+            status(f"image {image['name']}: {image['ref']} pinned to {pinned[image['name']].ref} for every job")
+            # A digest or an id names one build: fetching it again can only fetch that build.
+            image.update(ref=pinned[image["name"]].ref, pull="if-missing")
+    return parse_config(data, "the submitted matrix")
+
+
 def start(config: Config, cells: Sequence[Cell], run_id: str, results: Path, options: SlurmOptions,
           status: Status) -> SlurmRun:
     """One job per cell, followed, merged into results/RUN. `config` is the matrix as the
@@ -328,6 +355,7 @@ def start(config: Config, cells: Sequence[Cell], run_id: str, results: Path, opt
     root = state_dir(results, run_id)
     if (results / run_id).exists() or root.exists():
         raise SlurmError(f"results directory {results / run_id} exists already")
+    config = pin_for_jobs(config, cells, run_id, status)
     root.mkdir(parents=True)
     matrix = root / "config.yaml"
     write_config(matrix, config)

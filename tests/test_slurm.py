@@ -109,6 +109,50 @@ def test_a_platform_profiles_slurm_block_gives_the_defaults_and_flags_win():
         Platform.model_validate({"name": "lab", "slurm": {"partiton": "h200"}})
 
 
+def _fake_slurm(tmp_path):
+    """sbatch keeping each job's script and answering a job id; scontrol saying it completed."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (fake / "sbatch").write_text(f'#!/bin/bash\nn=$(ls {scripts} | wc -l)\ncat > {scripts}/job-$((n + 1)).sh\n'
+                                 'echo $((n + 1))\n')
+    (fake / "scontrol").write_text('#!/bin/bash\necho "JobId=$4 JobState=COMPLETED Reason=None ExitCode=0:0 NodeList=n1"\n')
+    (fake / "squeue").write_text("#!/bin/bash\n")
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}"), scripts
+
+
+def test_container_images_are_pinned_once_at_submission_for_every_job(tmp_path):
+    """Under Slurm each job is a bench of its own: the images are pinned when the run is
+    submitted (here: to the local image's id, which the engine reports), so a tag that moves
+    between two jobs' starts cannot split the run between builds."""
+    import shlex
+    import sys
+
+    import docker
+
+    from .support import ROOT
+
+    env, scripts = _fake_slurm(tmp_path)
+    config = ROOT / "configs" / "cpu-smoke-docker.yaml"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "run", str(config), "--executor", "slurm", "--results", str(tmp_path / "r"),
+         "--run-id", "r1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "submitted job" in done.stderr, done.stdout + done.stderr
+    engine = docker.from_env()
+    want = {i.name: engine.images.get(i.ref).id for i in load_config(config).images}
+    for script in scripts.iterdir():
+        line = next(shlex.split(x) for x in script.read_text().splitlines() if "--run-id" in x)
+        ran = load_config(Path(line[line.index("run") + 1]))
+        assert {i.name: i.ref for i in ran.images} == want
+        assert {i.pull for i in ran.images} == {"if-missing"}
+    assert "pinned to sha256:" in done.stderr
+
+
 def test_jobs_run_the_matrix_the_submitting_command_resolved_image_overrides_included(tmp_path):
     """`run --image` under Slurm: each job's script runs a config file holding the overridden
     reference, written once into the run's state folder, and never the matrix file given."""
