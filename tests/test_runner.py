@@ -211,3 +211,23 @@ def test_a_cell_whose_image_cannot_run_here_is_said_once_not_per_repeat(minimal)
     assert handed == [(cells[1].id, r) for r in (1, 2, 3)]
     assert said == [f"{cells[0].id}: not runnable on this host, skipping #2",
                     f"{cells[0].id}: not runnable on this host, skipping #3"]
+
+
+def test_a_run_that_only_missed_a_known_answer_settles_nothing(minimal):
+    # Whether such a miss counts depends on the baseline, judged later: early stop must not call
+    # the cell flaky on it and skip the repeats that would tell.
+    from bench.core.stop import StopToken
+    from bench.core.verdicts import ExpectationMissed
+    from bench.runner import Schedule
+
+    cfg = config(minimal, repeats=4, early_stop=True)
+    (cell,) = expand(cfg)
+    schedule = Schedule(cfg, [cell], frozenset(), [], lambda s: None)
+    stop = StopToken()
+    missed = Finding(reason=Reason.EXPECTATION_FAILED, prompt_id="p",
+                     evidence=ExpectationMissed(expected="contains 'Paris'", answer="Lyon"))
+    for repeat, findings in ((1, []), (2, [missed])):
+        assert schedule.next(stop) == (cell, repeat)
+        schedule.record(RunRecord(cell_id=cell.id, repeat=repeat, server=ServerOutcome(
+            command=["x"], port=1, log_path="l", started_at=0.0), findings=findings))
+    assert schedule.next(stop) == (cell, 3)  # not settled as flaky
