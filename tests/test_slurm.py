@@ -156,25 +156,13 @@ def test_container_images_are_pinned_once_at_submission_for_every_job(tmp_path):
 def test_jobs_run_the_matrix_the_submitting_command_resolved_image_overrides_included(tmp_path):
     """`run --image` under Slurm: each job's script runs a config file holding the overridden
     reference, written once into the run's state folder, and never the matrix file given."""
-    import os
     import shlex
     import sys
 
     from .support import ROOT
 
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    scripts = tmp_path / "scripts"
-    scripts.mkdir()
-    # sbatch keeps each job's script and answers a job id; scontrol says the job completed.
-    (fake / "sbatch").write_text(f'#!/bin/bash\nn=$(ls {scripts} | wc -l)\ncat > {scripts}/job-$((n + 1)).sh\n'
-                                 'echo $((n + 1))\n')
-    (fake / "scontrol").write_text('#!/bin/bash\necho "JobId=$4 JobState=COMPLETED Reason=None ExitCode=0:0 NodeList=n1"\n')
-    (fake / "squeue").write_text("#!/bin/bash\n")
-    for f in fake.iterdir():
-        f.chmod(0o755)
+    env, scripts = _fake_slurm(tmp_path)
     cell = next(c for c in cells() if c.image.name == "streamer-0.16.0")
-    env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}")
     done = subprocess.run(
         [sys.executable, "-m", "bench", "run", str(SMOKE), "--executor", "slurm", "--cell", cell.id,
          "--image", "streamer-0.16.0=registry.example/vllm:0.16.0", "--results", str(tmp_path / "r"), "--run-id", "r1"],
