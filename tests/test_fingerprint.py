@@ -4,8 +4,6 @@ import importlib.metadata as md
 import os
 import sys
 
-import pytest
-
 from bench.core.config import Image, load_config
 from bench.core.contrast import contrast
 from bench.core.records import CellSummary, Fingerprint, Summary
@@ -15,7 +13,7 @@ from bench.report.summary import markdown
 from bench.serve.fingerprint import fingerprint
 from bench.serve.launch import image_env
 
-from .support import ROOT, VLLM_PYTHON, needs_vllm
+from .support import ROOT, VLLM_PYTHON, needs_vllm, setup_missing
 
 PACKAGES = ("transformers", "flashinfer", "triton", "nccl", "modelopt", "cudnn")
 
@@ -127,7 +125,7 @@ def test_the_probe_in_a_real_container_of_the_cpu_image():
     """The launcher's own fingerprint path: the probe run by the image's python3 in a container."""
     why = _cpu_image_missing()
     if why:
-        pytest.skip(why)
+        setup_missing(why)
     from bench.serve.launch_docker import DockerLauncher
 
     config = load_config(ROOT / "configs" / "cpu-smoke-docker.yaml")

@@ -23,12 +23,18 @@ from bench.serve.launch_docker import Container, DockerLauncher, container_env, 
 from bench.serve.slots import SlotPool
 
 from .gpu_docker import IMAGE, StandinEngine, available
+from .support import setup_missing
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN_BIN = ROOT / "tests" / "data" / "gpu-standin"
 
-why_not = available()
-pytestmark = pytest.mark.skipif(why_not is not None, reason=f"stand-in GPU engine: {why_not}")
+
+
+@pytest.fixture(autouse=True)
+def _standin_engine_possible():
+    why_not = available()
+    if why_not is not None:
+        setup_missing(f"stand-in GPU engine: {why_not}")
 
 
 @pytest.fixture(scope="module")
