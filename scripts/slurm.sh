@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A real Slurm on this machine, for the tests: munge, slurmctld and two slurmd nodes (n1, n2) with
-# one fake GPU each, everything under one scratch folder, ports free on 127.0.0.1.
+# A real Slurm on this machine, for the tests: munge, slurmctld and two slurmd nodes, n1 with two
+# fake GPUs (two jobs on one node, each with its own) and n2 with one, everything under one scratch
+# folder, ports free on 127.0.0.1.
 #   scripts/slurm.sh install    installs slurm-wlm and munge when missing (scripts/setup.sh runs it)
 #   scripts/slurm.sh up DIR     installs slurm-wlm and munge when missing (apt, as configured
 #                               here), writes DIR/slurm.conf and DIR/gres.conf, starts the daemons,
@@ -38,8 +39,8 @@ up() {
   mkdir -p "$DIR"/{state,spool,log,run,dev}
   host=$(hostname -s)
   ctl=$(free_port) n1=$(free_port) n2=$(free_port)
-  # Fake GPUs: one per node (NVIDIA's character-device major is 195).
-  for i in 0 1; do [ -c "$DIR/dev/nvidia$i" ] || mknod "$DIR/dev/nvidia$i" c 195 "$i"; done
+  # Fake GPUs: nvidia0-1 on n1, nvidia2 on n2 (NVIDIA's character-device major is 195).
+  for i in 0 1 2; do [ -c "$DIR/dev/nvidia$i" ] || mknod "$DIR/dev/nvidia$i" c 195 "$i"; done
   cat > "$DIR/slurm.conf" <<EOF
 ClusterName=regbench
 SlurmctldHost=$host(127.0.0.1)
@@ -63,13 +64,13 @@ SlurmdTimeout=30
 InactiveLimit=0
 MinJobAge=600
 KillWait=10
-NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$n1 CPUs=2 RealMemory=8000 Gres=gpu:1 State=UNKNOWN
+NodeName=n1 NodeHostname=$host NodeAddr=127.0.0.1 Port=$n1 CPUs=2 RealMemory=8000 Gres=gpu:2 State=UNKNOWN
 NodeName=n2 NodeHostname=$host NodeAddr=127.0.0.1 Port=$n2 CPUs=2 RealMemory=8000 Gres=gpu:1 State=UNKNOWN
 PartitionName=regbench Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
   cat > "$DIR/gres.conf" <<EOF
-NodeName=n1 Name=gpu File=$DIR/dev/nvidia0
-NodeName=n2 Name=gpu File=$DIR/dev/nvidia1
+NodeName=n1 Name=gpu File=$DIR/dev/nvidia[0-1]
+NodeName=n2 Name=gpu File=$DIR/dev/nvidia2
 EOF
   export SLURM_CONF=$DIR/slurm.conf
   if ! pgrep -x munged >/dev/null; then

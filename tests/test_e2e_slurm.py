@@ -1,14 +1,16 @@
-"""The Slurm executor on a real Slurm: munge, slurmctld and two slurmd nodes with a fake GPU each,
-started on this machine by scripts/slurm.sh for this module and stopped after it; the local
-launcher and the tiny canary inside the jobs.
+"""The Slurm executor on a real Slurm: munge, slurmctld and two slurmd nodes (n1 with two fake
+GPUs, n2 with one), started on this machine by scripts/slurm.sh for this module and stopped after
+it; the local launcher and the tiny canary inside the jobs, or, for containers, the docker launcher
+on the stand-in GPU engine (tests/gpu_docker.py) up to the server's container.
 
-Slow tier: the smoke matrix as four jobs (eight servers, two at a time, one per node), and a run
-interrupted while its jobs run.
+Slow tier: the smoke matrix as four jobs (eight servers, two at a time, one per node), two jobs on
+one node whose containers get disjoint GPUs, and a run interrupted while its jobs run.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -18,10 +20,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import slurm as executor
+from bench.core.matrix import expand
 from bench.core.records import RunRecord, Summary
-from bench.slurm import SlurmJob
+from bench.slurm import SlurmJob, SlurmOptions
+from bench.store.matrixfile import load_config
 
-from .support import ROOT, SMOKE, one_cell_config, wait_until
+from .gpu_docker import IMAGE, StandinEngine, available
+from .support import ROOT, SMOKE, one_cell_config, setup_missing, wait_until
 
 pytestmark = pytest.mark.slow
 STREAMER_BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
@@ -58,8 +64,11 @@ def bench(*args: str, env: dict) -> subprocess.Popen:
 def test_the_smoke_matrix_as_slurm_jobs_gives_the_local_verdicts_on_both_nodes(slurm, tmp_path):
     # An --image override (the local launcher records the reference and runs the image's venv):
     # the jobs must run the matrix as the submitting command resolved it, not the file again.
-    p = bench("run", str(SMOKE), "--executor", "slurm", "--gpus-per-job", "1", "--results", str(tmp_path),
-              "--run-id", "slurm-smoke", "--image", "streamer-0.16.0=regbench.test/vllm:0.16.0", env=slurm)
+    # Two CPUs per job: one job per node, as many servers at once as this machine's two cores carry
+    # (n1's two GPUs would let a second job onto it).
+    p = bench("run", str(SMOKE), "--executor", "slurm", "--gpus-per-job", "1", "--cpus-per-job", "2",
+              "--results", str(tmp_path), "--run-id", "slurm-smoke",
+              "--image", "streamer-0.16.0=regbench.test/vllm:0.16.0", env=slurm)
     output, _ = p.communicate(timeout=1800)
     assert p.returncode == 1, output  # the streamer bug's cell fails, as in a local run
     run_dir = tmp_path / "slurm-smoke"
@@ -74,14 +83,95 @@ def test_the_smoke_matrix_as_slurm_jobs_gives_the_local_verdicts_on_both_nodes(s
     jobs = [SlurmJob.model_validate_json(x) for x in (run_dir / "slurm.jsonl").read_text().splitlines()]
     assert len(jobs) == 4 and all(j.state == "COMPLETED" and j.exit_code == "0:0" for j in jobs), jobs
     assert {j.node for j in jobs} == {"n1", "n2"}
-    # Each job got its node's one GPU from Slurm, and the bench left it as Slurm set it.
-    assert {j.cuda_visible_devices for j in jobs} == {"0"}
+    # Each job got one of its node's GPUs from Slurm (their indices on the node: n1 0 and 1, n2 0),
+    # and the bench left it as Slurm set it.
+    assert all(j.cuda_visible_devices in {"n1": {"0", "1"}, "n2": {"0"}}[j.node] for j in jobs), jobs
     # Jobs on both nodes at once: two servers' lives overlap.
     runs = [RunRecord.model_validate_json(x) for x in (run_dir / "runs.jsonl").read_text().splitlines()]
     spans = sorted((r.server.started_at, r.server.ended_at) for r in runs)
     assert any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans)), "never two servers at once"
     assert squeue(slurm, "slurm-smoke") == []
     assert "Performance" in (run_dir / "summary.md").read_text()
+
+
+GPU_JOB = ROOT / "tests" / "slurm_gpu_job.py"
+
+
+def gpu_matrix(tmp_path: Path) -> Path:
+    """Two cells of one GPU each (tensor_parallel_size 1) in containers of the stand-in image, on
+    an h200 profile whose jobs go to n1."""
+    model = tmp_path / "model"
+    model.mkdir()
+    profile = yaml.safe_load((ROOT / "bench" / "profiles" / "h200.yaml").read_text())
+    # This sandbox refuses to raise the memlock/stack ulimits (runc: "error setting rlimits"), as
+    # in tests/test_gpu_standin.py; GPU hosts allow them.
+    del profile["docker"]["ulimits"]
+    profile["slurm"] = {"sbatch_args": ["--nodelist=n1"], "time_limit": "5"}
+    (tmp_path / "platforms").mkdir()
+    (tmp_path / "platforms" / "h200.yaml").write_text(yaml.safe_dump(profile))
+    data = {
+        "name": "gpu", "launcher": "docker", "platforms": ["h200"],
+        "models": [{"name": "m", "path": str(model)}],
+        "load_formats": [{"name": "safetensors"}, {"name": "runai_streamer"}],
+        "images": [{"name": "img", "ref": IMAGE, "pull": "never"}],
+        "baseline": "safetensors",
+        "workload": {"prompts": [{"id": "p", "prompt": "hi"}]},
+    }
+    f = tmp_path / "gpu.yaml"
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+def test_two_jobs_on_one_node_give_their_containers_disjoint_gpus(slurm, tmp_path, monkeypatch):
+    # The executor as `regbench run --executor slurm` drives it (pinning, sbatch with --gres from
+    # the cell, following, merging); in each job the bench's own batch script, its python replaced
+    # by tests/slurm_gpu_job.py, which goes as far as the server's container and no vLLM boot.
+    why_not = available()
+    if why_not is not None:
+        setup_missing(f"stand-in GPU engine: {why_not}")
+    stand_in = tmp_path / "python"
+    stand_in.write_text(f'#!/bin/sh\nexec {sys.executable} {GPU_JOB} "$@"\n')
+    stand_in.chmod(0o755)
+    script = executor.job_script
+    monkeypatch.setattr(executor, "job_script", lambda *a, **k: script(*a, **k, python=str(stand_in)))
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    engine = StandinEngine()
+    try:
+        engine.start()
+        # The executor pins the image there, and every job's launcher finds the engine there.
+        monkeypatch.setenv("DOCKER_HOST", engine.url)
+        config = load_config(gpu_matrix(tmp_path))
+        said: list[str] = []
+        run = executor.start(config, expand(config), "gpus", tmp_path / "r", SlurmOptions(), said.append)
+        left = engine.client.containers.list(all=True)
+        specs = [json.loads(p.read_text()) for p in engine.records.glob("*.config.json")]
+    finally:
+        engine.stop()
+    jobs = jobs_of(run.results.path)
+    outputs = "\n".join(f"{j.job_id}: " + Path(j.slice_dir, f"slurm-{j.job_id}.out").read_text() for j in jobs)
+    assert run.incomplete == [] and squeue(slurm, "gpus") == [], said
+    assert len(jobs) == 2 and all(j.node == "n1" for j in jobs), jobs
+    assert left == [], "the launcher left containers"
+    seen = [json.loads(Path(j.slice_dir, "seen.json").read_text()) for j in jobs if Path(j.slice_dir, "seen.json").exists()]
+    assert len(seen) == 2, outputs
+    # They ran at once: each took its devices only once both had started.
+    assert all(sorted(s["started"]) == sorted(j.job_id for j in jobs) for s in seen), seen
+    given = []
+    for s in seen:
+        gpus = s["slurm_job_gpus"].split(",") if s["slurm_job_gpus"] else []
+        assert gpus and s["devices_arg"] == s["slurm_job_gpus"], s
+        assert s["device_ids"] == gpus, s
+        # The container was created with a device request of exactly the job's GPUs, and the
+        # engine's NVIDIA driver put those ids, not "all", into its environment.
+        assert "exited with code 0 during boot" in s["boot"], s
+        assert s["container_nvidia_visible_devices"] not in (None, "", "all"), s
+        assert sorted(s["container_nvidia_visible_devices"].split(",")) == sorted(gpus), s
+        given.append(set(gpus))
+    assert not given[0] & given[1] and given[0] | given[1] <= {"0", "1"}, seen
+    # The NVIDIA hook ran for both containers, with those environments.
+    hooked = {e.split("=", 1)[1] for s in specs for e in s["process"]["env"] if e.startswith("NVIDIA_VISIBLE_DEVICES=")}
+    assert hooked == {s["container_nvidia_visible_devices"] for s in seen}, hooked
+    assert {j.cuda_visible_devices for j in jobs} == {s["cuda_visible_devices"] for s in seen}
 
 
 def test_ctrl_c_on_the_bench_cancels_its_jobs_and_resume_completes_the_run(slurm, tmp_path):
