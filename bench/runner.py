@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from bench.core.config import Config, ConfigError
-from bench.core.judge import divergence, judge_run, probe_key, reference_outputs
+from bench.core.judge import judge, judge_run, run_counts
 from bench.core.logfacts import log_facts
-from bench.core.matrix import Cell
+from bench.core.matrix import Cell, expand
 from bench.core.perf import run_perf
 from bench.core.records import (
     Devices,
@@ -43,17 +43,19 @@ from bench.core.records import (
     Summary,
     TokenDiff,
 )
+from bench.core.results import plan_for
 from bench.core.stats import verdict_settled
 from bench.core.stop import Stopped, StopToken
 from bench.core.tokens import comparator_for
-from bench.report.summary import summarize
 from bench.serve.client import run_workload, score_reference
-from bench.serve.launch import BootError, Launcher, server_env
-from bench.serve.launchers import open_launcher
+from bench.serve.errors import BootError
+from bench.serve.launch import server_env
+from bench.serve.launchers import backend, open_launcher
 from bench.serve.memory import Settler
 from bench.serve.metrics import ScrapeError, delta, scrape
+from bench.serve.protocols import Launcher
 from bench.serve.slots import SlotPool
-from bench.store.publish import write_reports
+from bench.store.publish import Published, write_reports
 from bench.store.results import ResultsDir, log_tail, read_log, read_log_bytes
 from bench.weights.checkpoint import safetensors_bytes
 from bench.weights.hub import resolve_models
@@ -78,19 +80,17 @@ class NoProgress:
     def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None: ...
 
 
-def run_divergence(config: Config, cell: Cell, record: RunRecord, results: ResultsDir) -> list[TokenDiff] | None:
-    """The run's divergence from its baseline as far as it is known now (see Progress.run_done)."""
+def run_divergence(cell: Cell, record: RunRecord, results: ResultsDir) -> list[TokenDiff] | None:
+    """The run's divergence from its baseline as the judge sees it now, None while the baseline
+    has no clean run yet (see Progress.run_done). From the folder in memory: nothing read back."""
     if cell.baseline_id is None or record.interrupted:
         return []
-    runs = [r for r in results.runs() if r.cell_id == cell.baseline_id]
-    requests = results.requests()
-    reference = reference_outputs(runs, [q for q in requests if q.cell_id == cell.baseline_id])
-    if not reference:
+    data = results.data
+    [summary] = judge(data, only=[cell.id]).cells
+    result = next((r for r in summary.run_results if r.repeat == record.repeat), None)
+    if result is None or result.baseline_pending:
         return None
-    mine = [q for q in requests if q.cell_id == cell.id and q.repeat == record.repeat]
-    cmp = comparator_for(config.comparison.mode, config.comparison.top_k)
-    return [TokenDiff(prompt_id=f.prompt_id or "", repeat=repeat, position=pos)
-            for repeat, pos, f in divergence(mine, reference, cmp)]
+    return result.divergence
 
 
 async def _until_stopped(work: Awaitable[T], stop: StopToken) -> T:
@@ -114,15 +114,15 @@ def run_one(
     meanwhile the server is taken down and the run is recorded as interrupted (not judged)."""
     stop = stop or StopToken()
     run_dir = results.run_dir(cell.id, repeat)
-    if config.profile(cell.platform).unified_memory:
+    if cell.profile.unified_memory:
         _settle(launcher, run_dir, status)
     server = launcher.server(cell, repeat, run_dir, devices, stop)
     requests: list[RequestRecord] = []
     requests_s = None
     reference = None
     metrics = None
-    probe = config.reference_text
-    top_k = config.comparison.top_k if config.comparison.mode == "logprobs" else None
+    probe = cell.reference_text
+    top_k = cell.comparison.top_k if cell.comparison.mode == "logprobs" else None
     try:
         status(f"{cell.id} #{repeat}: booting")
         with server:
@@ -130,7 +130,7 @@ def run_one(
             before = _scrape(server.base_url)
             t0 = time.monotonic()
             requests = asyncio.run(_until_stopped(
-                run_workload(server.base_url, cell.model.served, config.workload,
+                run_workload(server.base_url, cell.model.served, cell.workload,
                              cell_id=cell.id, repeat=repeat, top_k=top_k, on_record=results.add_request),
                 stop,
             ))
@@ -139,7 +139,7 @@ def run_one(
             metrics = _counters(before, server.base_url)
             if probe.enabled:
                 reference = asyncio.run(_until_stopped(score_reference(
-                    server.base_url, cell.model.served, probe.passage, config.workload.request_timeout_s), stop))
+                    server.base_url, cell.model.served, probe.passage, cell.workload.request_timeout_s), stop))
             status(f"{cell.id} #{repeat}: stopping")
     except BootError:
         pass  # the outcome says how; judged below like any other run
@@ -157,7 +157,8 @@ def run_one(
         findings = []
         if not interrupted:
             shutdown = read_log(log, outcome.stop_requested_at_byte or 0) if outcome.boot_s is not None else ""
-            findings = judge_run(outcome, requests, config.workload, shutdown, log_tail(log), reference, probe, metrics)
+            findings = judge_run(outcome, requests, cell.workload, shutdown, log_tail(log), reference, probe, metrics,
+                                 comparator_for(cell.comparison.mode, cell.comparison.top_k))
         record = RunRecord(
             cell_id=cell.id, repeat=repeat,
             server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
@@ -205,7 +206,7 @@ def _perf(config: Config, cell: Cell, outcome: ServerOutcome, requests: list[Req
         end = outcome.stop_requested_at_byte if outcome.stop_requested_at_byte is not None else log.stat().st_size
         facts = log_facts(read_log_bytes(log, 0, end).decode("utf-8", errors="replace"))
     # Object storage is read under the variables the server gets (endpoint, credentials).
-    env = {**os.environ, **server_env(cell, config.server, config.profile(cell.platform))}
+    env = {**os.environ, **server_env(cell, cell.server, cell.profile)}
     return run_perf(outcome, facts, requests, requests_s, metrics, safetensors_bytes(cell.model.path, env))
 
 
@@ -244,7 +245,7 @@ def pin_images(cells: list[Cell], results: ResultsDir, launcher: Launcher,
         return cells
     status("resolving images: " + ", ".join(i.ref for i in images if i.ref))
     refs = {i.name: i.ref for i in images}
-    earlier = {f.image: f.image_pin for f in results.fingerprints()
+    earlier = {f.image: f.image_pin for f in results.data.fingerprints
                if f.image_pin and f.image_ref == refs.get(f.image)}
     pinned = resolve(images, earlier)
     return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells]
@@ -257,7 +258,7 @@ def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: La
     image's fingerprint, each once per results folder (a resumed run keeps what it has, and adds
     a hub id's resolution only if it changed)."""
     pinned = pin_images(cells, results, launcher, status)
-    earlier = results.preflights()
+    earlier = list(results.data.preflights)
     resolutions = {(p.model, p.notes[0]) for p in earlier if p.kind == "fetch" and p.notes}
     for record in fetched:
         if (record.model, record.notes[0] if record.notes else "") not in resolutions:
@@ -265,7 +266,7 @@ def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: La
     if config.preflight and not any(p.kind != "fetch" for p in earlier):
         for record in preflight(config, pinned, status, audit_in=launcher.audit_in, run_id=results.path.name):
             results.add_preflight(record)
-    printed = {f.image for f in results.fingerprints()}
+    printed = {f.image for f in results.data.fingerprints}
     for image in {c.image.name: c.image for c in cells}.values():
         if image.name not in printed:
             status(f"fingerprint of {image.name}")
@@ -295,11 +296,9 @@ class Schedule:
     def _note(self, record: RunRecord) -> None:
         if any(f.reason == Reason.NOT_RUNNABLE for f in record.findings):
             self.unrunnable.add(record.cell_id)
-        if record.findings and all(probe_key(f) is not None for f in record.findings):
-            # A known answer or reference ceiling missed alone counts only where the baseline meets
-            # it (bench.core.judge.set_aside_probes): not known yet, so it settles nothing.
-            return
-        self.failed.setdefault(record.cell_id, []).append(record.failed)
+        counts = run_counts(record)
+        if counts is not None:  # None: only the baseline can tell, at the end
+            self.failed.setdefault(record.cell_id, []).append(counts)
 
     def next(self, stop: StopToken) -> tuple[Cell, int] | None:
         with self.lock:
@@ -376,7 +375,7 @@ class Workers:
                 if record is None:
                     continue
                 self.schedule.record(record)
-                diverged = run_divergence(self.config, job[0], record, self.results)
+                diverged = run_divergence(job[0], record, self.results)
                 with self.reporting:
                     self.progress.run_done(record, diverged)
         except BaseException as exc:
@@ -402,14 +401,13 @@ class Workers:
         return interrupted
 
 
-def finish(config: Config, cells: list[Cell], results: ResultsDir, started: float, interrupted: bool) -> Summary:
-    """Verdicts over everything the results folder holds, and the report files."""
-    summary = summarize(
-        results.path.name, config, cells, results.runs(), results.requests(), started, time.time(),
-        interrupted, results.preflights(),
-    )
-    write_reports(results, summary)
-    return summary
+def finish(results: ResultsDir, started: float, interrupted: bool) -> Published:
+    """The plan completed with its end, then the verdicts over everything the folder holds, and
+    the report files."""
+    data = results.data
+    results.write_plan(data.plan.model_copy(update={"started_at": started, "finished_at": time.time(),
+                                                    "interrupted": interrupted}))
+    return write_reports(results, judge(data))
 
 
 def run_matrix(
@@ -422,7 +420,7 @@ def run_matrix(
     locks: Path | None = None,
     stop: StopToken | None = None,
     settled: Callable[[int, int, int], bool] | None = None,
-) -> Summary:
+) -> Published:
     """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation).
 
     Ctrl-C (KeyboardInterrupt in the calling thread) or `stop` set from elsewhere stops every
@@ -432,16 +430,23 @@ def run_matrix(
     launcher = launcher or open_launcher(config, results.path.name)
     progress = progress or NoProgress()
     stop = stop or StopToken()
+    started = time.time()
+    # The folder in memory, once: the runner appends to it as it writes, the judge reads it.
+    data = results.load(config)
+    # The plan first, before anything can fail: what this run set out to do (a resumed run, what
+    # its first invocation did too), whatever becomes of it.
+    planned = [*data.plan.cells, *(c.id for c in cells if c.id not in data.plan.cells)] \
+        if (results.path / "plan.json").exists() else [c.id for c in cells]
+    results.write_plan(plan_for(results.path.name, config, cells, started).model_copy(update={"cells": planned}))
     # Hub ids to snapshot folders of the hub cache, once, before the pre-flight and any server
     # (a HubError, a ConfigError, when one cannot be had).
     try:
         cells, fetched = resolve_models(config, cells)
     except KeyboardInterrupt:
-        return finish(config, cells, results, time.time(), True)
+        return finish(results, started, True)
     pools = device_pools(config, cells, locks)
-    started = time.time()
     interrupted = False
-    schedule = Schedule(config, cells, done, results.runs(), progress.status, settled)
+    schedule = Schedule(config, cells, done, data.runs, progress.status, settled)
     workers = Workers(config, schedule, pools, launcher, results, progress, stop)
     try:
         progress.start(schedule.total)
@@ -453,4 +458,18 @@ def run_matrix(
     interrupted = workers.wait() or interrupted
     if workers.errors:
         raise workers.errors[0]
-    return finish(config, cells, results, started, interrupted or stop.stopped)
+    return finish(results, started, interrupted or stop.stopped)
+
+
+def confirm(results: ResultsDir, summary: Summary, status: Callable[[str], None]) -> None:
+    """The pre-flight checks the run did not make (inspect; the audit of each failing cell's
+    checkpoint in its environment), added to the results as evidence."""
+    config = results.data.config
+    failing = {c.cell_id for c in summary.cells if c.verdict.failing}
+    cells = [c for c in expand(config) if c.id in failing]
+    have = {(p.kind, p.model, p.image, p.load_format) for p in results.data.preflights if not p.skipped}
+    here = backend(config.launcher).audit_in
+    cells, _ = resolve_models(config, cells)  # hub ids to their snapshots in the hub cache (HubError: exit 2)
+    for record in preflight(config, cells, status, audit_in=here):
+        if (record.kind, record.model, record.image, record.load_format) not in have:
+            results.add_preflight(record.model_copy(update={"notes": [*record.notes, "made by regbench diagnose --confirm"]}))

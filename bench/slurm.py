@@ -43,11 +43,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.core.config import Config, SlurmProfile, load_config, parse_config
+from bench.core.config import Config, SlurmProfile, parse_config
+from bench.core.diagnosis import Diagnosis
+from bench.core.errors import RegbenchError
 from bench.core.matrix import Cell, expand
 from bench.core.records import JOB_DONE_STATES, JobRecord, Summary
 from bench.core.stop import StopToken
-from bench.serve.launchers import LauncherUnavailable, backend, open_launcher
+from bench.serve.errors import LauncherUnavailable
+from bench.serve.launchers import backend, open_launcher
+from bench.store.matrixfile import load_config
 from bench.store.merge import merge
 from bench.store.publish import regenerate
 from bench.store.results import ResultsDir, write_config
@@ -58,7 +62,7 @@ FOLDER_WAIT_S = 900  # a time-limited job's bench has KillWait (30 s by default)
 DONE_STATES = JOB_DONE_STATES
 
 
-class SlurmError(RuntimeError):
+class SlurmError(RegbenchError, RuntimeError):
     """Slurm's commands are missing or refused the run: no job of it is left queued."""
 
 
@@ -256,6 +260,11 @@ def collect(jobs: list[SlurmJob], run_id: str, out: Path, config: Config) -> Res
     if (target / "slurm.jsonl").is_file():
         shutil.rmtree(target)  # the merge of an earlier attempt: derived from the slices, made again
     merged = merge(slices, out) if slices else ResultsDir.create(out, run_id, config)
+    # The run planned every job's cell, whether or not its bench got to write a plan of its own.
+    plan = merged.plan(config, [])
+    ran = plan.cells if slices else []
+    merged.write_plan(plan.model_copy(update={
+        "cells": list(dict.fromkeys([*ran, *(j.cell_id for j in jobs)])), "started_at": plan.started_at or time.time()}))
     with (merged.path / "slurm.jsonl").open("w", encoding="utf-8") as f:
         for j in jobs:
             f.write(j.model_dump_json() + "\n")
@@ -311,6 +320,7 @@ class SlurmRun:
 
     results: ResultsDir
     summary: Summary
+    diagnosis: Diagnosis
     stopped: bool
     incomplete: list[SlurmJob]
 
@@ -417,7 +427,7 @@ def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int,
 
     try:
         for cell, index, attempt in todo:
-            profile = config.profile(cell.platform)
+            profile = cell.profile
             jobs.append(submit(cell, matrix, run_id, root, index, options.over(profile.slurm),
                                profile.device_kind == "gpu", attempt,
                                job_gpus=profile.device_kind == "gpu" and devices_from_job(config)))
@@ -436,4 +446,6 @@ def _submit_and_follow(config: Config, matrix: Path, todo: list[tuple[Cell, int,
         status(f"job {j.job_id} {j.cell_id}: {j.state}" + (f" ({j.reason})" if j.reason else "")
                + (f" on {j.node}" if j.node else ""))
     merged = collect(jobs, run_id, results, config)
-    return SlurmRun(results=merged, summary=regenerate(merged.path), stopped=stop.stopped, incomplete=incomplete)
+    report = regenerate(merged.path)
+    return SlurmRun(results=merged, summary=report.summary, diagnosis=report.diagnosis, stopped=stop.stopped,
+                    incomplete=incomplete)

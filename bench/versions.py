@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.core.config import CellFilter, Config, Image
+from bench.core.errors import RegbenchError
 from bench.core.matrix import Cell, expand
 from bench.core.stop import StopToken
 from bench.core.versionmap import (
@@ -33,11 +34,13 @@ from bench.core.versionmap import (
     cell_kind,
     settled,
 )
+from bench.core.weights import AuditReport
 from bench.report.versions import markdown
 from bench.runner import NoProgress, Progress, run_matrix
 from bench.store.publish import open_results
 from bench.store.results import ResultsDir, ResultsError
-from bench.weights.audit import AuditReport, ProbeError, audit_checkpoint
+from bench.weights.audit import audit_checkpoint
+from bench.weights.errors import ProbeError
 from bench.weights.overlays import OverlayError, ensure_overlay
 
 # A probe runs one version into its folder and returns the settled outcome, or None when it was
@@ -45,7 +48,7 @@ from bench.weights.overlays import OverlayError, ensure_overlay
 ProbeFn = Callable[[str, Path, Plan], Outcome | None]
 
 
-class VersionsError(ValueError):
+class VersionsError(RegbenchError, ValueError):
     """A map or bisect that cannot run as asked: a folder holding another map, a cell not in the matrix."""
 
 
@@ -163,7 +166,7 @@ class CellProbe:
             results = ResultsDir.create(folder.parent, folder.name, config)
         cells = expand(config)
         summary = run_matrix(config, cells, results, progress=self.progress or NoProgress(), done=done,
-                             stop=self.stop, settled=lambda f, n, planned: settled(f, n, plan))
+                             stop=self.stop, settled=lambda f, n, planned: settled(f, n, plan)).summary
         [cell] = summary.cells
         if cell.runs == 0 or (summary.interrupted and not settled(cell.failures, cell.runs, plan)):
             return None
@@ -269,11 +272,3 @@ def find_cell(config: Config, cell_id: str) -> Cell:
     if cell_id not in cells:
         raise VersionsError(f"--cell: no cell {cell_id!r} in {config.name}; `regbench plan` lists them")
     return cells[cell_id]
-
-
-def load_map(root: Path) -> VersionMap:
-    try:
-        return VersionMap.model_validate_json((root / "versions.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise VersionsError(f"{root}: no version map ({exc})") from None
-

@@ -30,10 +30,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.core.config import load_config  # noqa: E402
 from bench.core.matrix import expand  # noqa: E402
 from bench.core.records import RunRecord  # noqa: E402
-from bench.serve.launch import free_port, vllm_argv, vllm_env  # noqa: E402
+from bench.serve.launch_local import vllm_argv, vllm_env  # noqa: E402
+from bench.serve.ports import free_port  # noqa: E402
+from bench.store.matrixfile import load_config  # noqa: E402
 
 CELL = {"load_format": "safetensors", "image": "streamer-0.17.0"}
 

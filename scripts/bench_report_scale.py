@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.core.config import parse_config  # noqa: E402
+from bench.core.judge import judge  # noqa: E402
 from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome  # noqa: E402
-from bench.store.publish import rederive, write_reports  # noqa: E402
+from bench.store.publish import write_reports  # noqa: E402
 from bench.store.results import ResultsDir  # noqa: E402
 
 PROMPTS = [f"p{i:02d}" for i in range(25)]
@@ -89,11 +90,12 @@ def generate(root: Path, n_requests: int) -> ResultsDir:
 def measure(root: Path, n: int) -> dict:
     results = generate(root, n)
     t0 = time.perf_counter()
-    runs, requests = results.runs(), results.requests()
+    data = results.load()
+    runs, requests = data.runs, data.requests
     t1 = time.perf_counter()
-    summary = rederive(results, runs, requests)
+    summary = judge(data)
     t2 = time.perf_counter()
-    write_reports(results, summary, runs, requests)
+    write_reports(results, summary)
     t3 = time.perf_counter()
     sizes = {p.name: p.stat().st_size for p in results.path.iterdir() if p.is_file()}
     return dict(n=len(requests), runs=len(runs), read=t1 - t0, judge=t2 - t1, render=t3 - t2, total=t3 - t0,

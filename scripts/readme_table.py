@@ -1,26 +1,36 @@
-"""A table of the README kept between two markers and made from what the suite measured
-(scripts/fault_table.py, scripts/false_alarm_table.py): read it, replace it, check it."""
+"""A generated table kept between two markers of a documentation page (`<!-- NAME:begin -->` and
+`<!-- NAME:end -->`) and made from what the suite measured or from the code
+(scripts/fault_table.py, scripts/false_alarm_table.py, scripts/matrix_reference.py): read it,
+replace it, check it."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 
 
-def section(name: str) -> str:
-    text = README.read_text()
+def _bounds(text: str, name: str, page: Path) -> tuple[int, int]:
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    return text[text.index(begin) + len(begin):text.index(end)].strip()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{page}: no {begin} … {end} markers")
+    return text.index(begin) + len(begin), text.index(end)
 
 
-def write(name: str, made: str) -> None:
-    text = README.read_text()
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    start, stop = text.index(begin) + len(begin), text.index(end)
-    README.write_text(text[:start] + "\n" + made + "\n" + text[stop:])
+def section(name: str, page: Path) -> str:
+    text = page.read_text(encoding="utf-8")
+    start, stop = _bounds(text, name, page)
+    return text[start:stop].strip()
+
+
+def write(name: str, made: str, page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    start, stop = _bounds(text, name, page)
+    page.write_text(text[:start] + "\n" + made + "\n" + text[stop:], encoding="utf-8")
 
 
 def rows_named(markdown: str) -> set[str]:
@@ -28,14 +38,57 @@ def rows_named(markdown: str) -> set[str]:
     return {line.split("|")[1].strip() for line in markdown.splitlines()[2:-1]}
 
 
-def check(name: str, made: str, script: str) -> tuple[bool, list[str]]:
-    """Prints how the README's table differs from `made`; returns (same, problems): a problem
-    when the two tables name other rows."""
-    current = section(name)
+def _shown(page: Path) -> str:
+    try:
+        return str(page.relative_to(ROOT))
+    except ValueError:
+        return str(page)
+
+
+def check(name: str, made: str, script: str, page: Path) -> tuple[bool, list[str]]:
+    """Prints how the page's table differs from `made`; returns (same, problems): a problem when
+    the two tables name other rows."""
+    current = section(name, page)
     if current != made:
         sys.stdout.writelines(difflib.unified_diff(
-            current.splitlines(True), made.splitlines(True), "README.md", "this suite run"))
+            current.splitlines(True), made.splitlines(True), _shown(page), "this suite run"))
     problems = []
     if rows_named(current) != rows_named(made):
-        problems.append(f"the README's table lists other rows than this suite run: run {script} --write after a full run")
+        problems.append(f"{_shown(page)}'s table lists other rows than this suite run: "
+                        f"run {script} --write after a full run")
     return current == made, problems
+
+
+def arguments(description: str, page: Path, ledger: Path | None = None, ledger_help: str | None = None) -> argparse.Namespace:
+    """The flags every table script takes: --write or --check (neither: print the table), the page,
+    and where the suite's rows are when the table is measured."""
+    parser = argparse.ArgumentParser(description=description)
+    if ledger is not None:
+        parser.add_argument("--ledger", type=Path, default=ledger, help=ledger_help or "the suite's rows (default: %(default)s)")
+    parser.add_argument("--page", type=Path, default=page, help="the page holding the table (default: %(default)s)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    return parser.parse_args()
+
+
+def verdict(label: str, bad: list[str], ok: str) -> int:
+    """Prints each problem, or the one line that says the table holds; the exit code."""
+    for line in bad:
+        print(f"{label}: {line}")
+    if bad:
+        return 1
+    print(f"{label}: {ok}")
+    return 0
+
+
+def write_or_show(args: argparse.Namespace, name: str, made: str) -> bool:
+    """--write puts the table on the page, no flag prints it: True when that was all (no --check)."""
+    if args.write:
+        write(name, made, args.page)
+        return True
+    if not args.check:
+        print(made)
+        return True
+    return False
+

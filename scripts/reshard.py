@@ -1,6 +1,6 @@
 """Re-shards a safetensors checkpoint so that some shards hold no tensor, at chosen places in the
 folder's directory-listing order: the layouts on which runai-model-streamer 0.16.0 and earlier
-silently stop streaming (its #157; see README "The streamer bug"). Used by make_tiny_model.py
+silently stop streaming (its #157; see README.md, "The motivating case"). Used by make_tiny_model.py
 and make_real_model.py, with the Python of the vLLM environment (torch, safetensors).
 
 The listing order is a property of the final folder (it is hash order on ext4), so the shard

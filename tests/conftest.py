@@ -24,7 +24,7 @@ def minimal() -> dict:
 
 # The fault ledger: every test marked `@pytest.mark.fault("kind")` adds a row with its outcome and
 # what it measured (through the `fault` fixture); the session writes them to FAULT_LEDGER, from
-# which scripts/fault_table.py makes the README's table. A row is never written by hand.
+# which scripts/fault_table.py makes the table in docs/faults.md. A row is never written by hand.
 FAULT_LEDGER = ROOT / "results" / "faults.json"
 _fault_rows: list[dict] = []
 

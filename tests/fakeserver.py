@@ -64,8 +64,9 @@ def completion_body(text: str, ids: list[int], chat: bool, k: int | None = None)
 
 
 class FakeServer:
-    """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, http500,
-    http503, badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
+    """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, nulltext (ids
+    and usage as ok, the text null), overlong (one token more than asked), http500, http503,
+    badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
     reference-text probe) is scored at `reference_logprob` per token."""
 
     def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0, on_request=None,
@@ -111,10 +112,12 @@ class FakeServer:
 
     def handle(self, h, body: dict) -> None:
         chat = "messages" in body
-        ids = [7] * self.tokens if self.mode == "empty" else list(range(self.tokens))
+        # As vLLM does: never more than max_tokens (unless the mode is that very fault).
+        n = min(self.tokens, body.get("max_tokens") or self.tokens)
+        ids = [7] * n if self.mode == "empty" else list(range(n + (self.mode == "overlong")))
         if self.mode == "shifted":
             ids = [i + 1 for i in ids]
-        text = "" if self.mode == "empty" else "w" * self.tokens
+        text = "" if self.mode == "empty" else "w" * len(ids)
         if self.mode == "http500":
             return h._send(500, b'{"error": {"message": "engine dead", "type": "InternalServerError"}}')
         if self.mode == "http503":
@@ -128,14 +131,21 @@ class FakeServer:
             return h._send(200, json.dumps(echo_body(body["prompt"], self.reference_logprob)).encode())
         k = wanted_k(body, chat)
         if not body.get("stream"):
-            return h._send(200, json.dumps(completion_body(text, ids, chat, k)).encode())
+            answer = completion_body(text, ids, chat, k)
+            if self.mode == "nulltext":
+                for choice in answer["choices"]:
+                    if chat:
+                        choice["message"]["content"] = None
+                    else:
+                        choice["text"] = None
+            return h._send(200, json.dumps(answer).encode())
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.end_headers()
         for i, tok in enumerate(ids):
             if self.mode == "truncated" and i == 5:
                 return  # connection closes mid-stream, no [DONE]
-            part = text[i : i + 1]
+            part = None if self.mode == "nulltext" else text[i : i + 1]
             choice = {"index": 0, "finish_reason": "length" if i == len(ids) - 1 else None, "token_ids": [tok]}
             if k is not None:
                 choice["logprobs"] = logprobs_body([tok], [part], chat, k, offset=13 * i)

@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,6 @@ import yaml
 from bench.core.records import CellSummary, Fingerprint, ServerOutcome, Summary
 from bench.core.stop import StopToken
 from bench.weights import checkpoint
-from bench.weights.checkpoint import RawTensor, write_shard
 
 from .fakeserver import FakeServer
 
@@ -139,7 +139,7 @@ def wait_for_line(log: Path, pattern: str | re.Pattern[str], timeout: float,
 
 class Live:
     """One stand-in server of a ScriptedLauncher: the fake OpenAI wire server, driven like a
-    bench.serve.launch.Server. `meet`: a barrier every server of the launcher waits at once healthy,
+    bench.serve.lifecycle.Server. `meet`: a barrier every server of the launcher waits at once healthy,
     so tests that need servers alive at once get that, whatever the machine's speed."""
 
     def __init__(self, mode: str, run_dir: Path, devices, launcher: ScriptedLauncher, stop: StopToken | None):
@@ -170,12 +170,12 @@ class Live:
 
 
 class ScriptedLauncher:
-    """A bench.serve.launch.Launcher whose servers serve repeat N of every cell with modes[N-1] (the
+    """A bench.serve.protocols.Launcher whose servers serve repeat N of every cell with modes[N-1] (the
     fake server's modes: 'ok', 'empty', 'shifted', 'hang', ...), or with by_format's modes for
     the cells of a load format. `together=N`: the first N servers are healthy only once all N
     are up. `requests` counts requests received by every server (a Condition to wait on)."""
 
-    audit_in = "here"
+    audit_in = "local"
 
     def __init__(self, modes: list[str], by_format: dict[str, list[str]] | None = None, together: int = 0):
         self.modes = modes
@@ -246,6 +246,24 @@ def pid_alive(pid: int) -> bool:
 
 
 # --- hand-written checkpoints (pure Python, no torch) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    name: str
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+def write_shard(path: Path, tensors: Sequence[RawTensor], metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file of these tensors, back to back after the header the bench's own
+    ``shard_header`` writes."""
+    entries = [(t.name, t.dtype, t.shape, len(t.data)) for t in tensors]
+    with path.open("wb") as f:
+        f.write(checkpoint.shard_header(entries, metadata))
+        for t in tensors:
+            f.write(t.data)
 
 
 def raw(name: str, dtype: str = "F32", shape: tuple[int, ...] = (2, 3)) -> RawTensor:

@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
+from bench.core.weights import AuditReport
 from bench.weights.audit import (
-    PROBE,
-    AuditError,
-    AuditReport,
     Delivered,
     FileOrder,
-    ProbeError,
     _parse,
     audit_checkpoint,
     compare,
@@ -25,6 +22,8 @@ from bench.weights.audit import (
     file_orders,
 )
 from bench.weights.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
+from bench.weights.errors import AuditError, ProbeError
+from bench.weights.protocols import PROBE
 
 from .support import CANARY, ROOT, needs_vllm, shard_name, write_checkpoint
 
@@ -486,7 +485,7 @@ def test_baseline_hashes_equal_what_safetensors_reads(tmp_path):
     assert len(hashes) == 5
 
 
-# Measured release by release on the canary (README, "Diagnosis"); one release per regime here.
+# Measured release by release on the canary (docs/diagnosis.md); one release per regime here.
 REGIMES = [
     ("0.13.0", "fails loudly", "AttributeError: 'NoneType' object has no attribute 'chunks'"),  # only stream_file
     ("0.13.3", "loses silently", None),  # stream_files without device

@@ -21,10 +21,13 @@ import docker
 import pytest
 
 from bench.core.config import Image
+from bench.core.weights import AuditReport
 from bench.serve.launch_docker import LABEL
-from bench.weights.audit import AuditReport, LocalProbe, ProbeError, _parse, audit_checkpoint, file_orders
+from bench.weights.audit import _parse, audit_checkpoint, file_orders
 from bench.weights.audit_docker import ContainerProbe, volumes
+from bench.weights.audit_local import LocalProbe
 from bench.weights.checkpoint import inspect_checkpoint
+from bench.weights.errors import ProbeError
 
 from .support import CANARY, ROOT, STREAMERS, VLLM_PYTHON, write_checkpoint
 
@@ -215,7 +218,8 @@ def test_no_engine_is_a_usage_error(tmp_path, capsys):
 def test_a_local_audit_never_imports_the_docker_sdk(tmp_path):
     write_checkpoint(tmp_path / "ckpt", [1])
     code = ("import sys\n"
-            "from bench.weights.audit import ProbeError, audit_checkpoint\n"
+            "from bench.weights.audit import audit_checkpoint\n"
+            "from bench.weights.errors import ProbeError\n"
             "import bench.weights.preflight\n"
             "try:\n"
             f"    audit_checkpoint({str(tmp_path / 'ckpt')!r}, sys.executable, loaders=['streamer'])\n"

@@ -9,19 +9,11 @@ import os
 import pytest
 
 from bench.cli import main
+from bench.core.weights import CheckpointReport, Shard, TensorInfo
 from bench.weights import checkpoint
-from bench.weights.checkpoint import (
-    CheckpointReport,
-    NotACheckpoint,
-    Shard,
-    TensorInfo,
-    hash_tensors,
-    inspect_checkpoint,
-    stream_stop,
-    write_shard,
-)
+from bench.weights.checkpoint import NotACheckpoint, hash_tensors, inspect_checkpoint, stream_stop
 
-from .support import CANARY, needs_canary, raw, shard_name, write_checkpoint, write_index
+from .support import CANARY, needs_canary, raw, shard_name, write_checkpoint, write_index, write_shard
 
 
 def kinds(report: CheckpointReport) -> list[str]:

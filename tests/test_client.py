@@ -52,6 +52,28 @@ def test_empty_completions_are_records_not_errors(workload):
         assert {f.reason for f in judge_request(r, workload)} >= {Reason.EMPTY_TEXT, Reason.DEGENERATE}
 
 
+def test_a_null_text_is_recorded_as_absent_and_judged_so(workload):
+    # The API left the text out while usage and ids count 128 tokens: not the same as "".
+    with FakeServer("nulltext") as server:
+        records = send(server, workload)
+    for r in records.values():
+        assert r.status == 200 and r.text is None and r.completion_tokens == 128
+        (empty,) = [f for f in judge_request(r, workload) if f.reason == Reason.EMPTY_TEXT]
+        assert empty.evidence.absent and "no text (null)" in empty.detail
+        assert Reason.USAGE_TEXT_MISMATCH in {f.reason for f in judge_request(r, workload)}
+
+
+def test_one_token_more_than_max_tokens_is_a_finding(workload):
+    with FakeServer("overlong") as server:
+        records = send(server, workload)
+    for r in records.values():
+        assert r.completion_tokens == 129 and len(r.token_ids) == 129
+        (over,) = [f for f in judge_request(r, workload) if f.reason == Reason.OVER_MAX_TOKENS]
+        assert "129 tokens > max_tokens 128" in over.detail
+    with FakeServer("ok") as server:
+        assert all(judge_request(r, workload) == [] for r in send(server, workload).values())
+
+
 @pytest.mark.parametrize(
     "mode, kind",
     [("http500", ErrorKind.HTTP), ("badjson", ErrorKind.PROTOCOL), ("hang", ErrorKind.TIMEOUT)],

@@ -6,7 +6,8 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.core.config import ConfigError, load_config, parse_config
+from bench.core.config import ConfigError, parse_config
+from bench.store.matrixfile import load_config
 
 
 def test_minimal_has_the_bench_defaults(minimal):

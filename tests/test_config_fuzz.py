@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.cli import main
-from bench.core.config import ConfigError, load_config
+from bench.core.config import ConfigError
 from bench.core.matrix import expand
+from bench.store.matrixfile import load_config
 
 VALID = {
     "name": "t",

@@ -3,7 +3,7 @@ ways that change numerics while nothing is broken (bf16 against float32, batchin
 prefill, another load format, the previous vLLM release). Under the default `logprobs`
 comparison every cell must pass; the same records judged `exact` show which healthy cells the
 strict rule would fail. Both go to results/false-alarms/healthy.json, from which
-scripts/false_alarm_table.py makes the README's table (with the broken cases of
+scripts/false_alarm_table.py makes the table in docs/faults.md (with the broken cases of
 tests/test_e2e_real.py).
 
 The run is made as two slices (vLLM 0.32.0's cells, and 0.31.0's) merged into one folder, so that

@@ -68,7 +68,13 @@ def test_every_run_records_boot_phases_load_counters_and_memory(runs):
             assert p is not None and p.boot_s is not None and p.boot_s > 0
             assert {"engine_start", "load_start", "engine_ready", "server_ready"} <= set(p.phases)
             assert p.phases["engine_start"] <= p.phases["load_start"] <= p.phases["server_ready"]
-            assert p.weights_load_s is not None and p.load_gb_s is not None and p.load_gb_s > 0
+            # vLLM's "Loading weights took 0.01 seconds" has two decimals: the tiny checkpoint on a
+            # fast, idle machine loads in under 5 ms and reads 0.00, and then no throughput follows.
+            assert p.weights_load_s is not None and p.weights_load_s >= 0
+            if p.weights_load_s == 0:
+                assert p.load_gb_s is None
+            else:
+                assert p.load_gb_s is not None and p.load_gb_s > 0
             assert p.checkpoint_bytes and p.checkpoint_bytes > 3_000_000
             # The server's counters agree with what the client received (else a finding).
             assert p.metrics is not None and p.metrics.error is None

@@ -1,7 +1,7 @@
 """Faults about the bench's own handling, injected through the whole `regbench run` with real
 processes: the wire (a stand-in server speaking the OpenAI API badly, started by the real local
 launcher in place of vLLM), the port, the results folder, secrets. Faults about what vLLM does
-are injected into real vLLM in test_e2e_vllm.py. Each test is a row of the README's fault table.
+are injected into real vLLM in test_e2e_vllm.py. Each test is a row of the fault table in docs/faults.md.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import yaml
 
 from bench.core.judge import judge_server
 from bench.core.records import RequestRecord, RunRecord
-from bench.serve.launch import BootError, ProcessGroup, Server
+from bench.serve.errors import BootError
+from bench.serve.launch_local import ProcessGroup
+from bench.serve.lifecycle import Server
 from bench.store.results import read_jsonl
 
 from .fakeserver import FakeServer
@@ -134,7 +136,9 @@ def tiny_fs(tmp_path):
 def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny_fs, fault):
     results = tiny_fs("full")
     filler = results / "filler"
-    filler.write_bytes(b"\0" * (512 * 1024 - 24 * 1024))  # ~24 KiB left
+    # ~40 KiB left: tmpfs counts whole 4 KiB pages, and config.yaml, plan.json, the lock, the
+    # fingerprint and the server log take about six of them before the first answer.
+    filler.write_bytes(b"\0" * (512 * 1024 - 40 * 1024))
     count = tmp_path / "answered"
     # 40 answers of 128 token ids each (no logprobs): about 1.2 KB per record, more than is left.
     config = matrix(tmp_path, prompts=40, top={"comparison": {"mode": "exact"}})

@@ -4,7 +4,7 @@ import importlib.metadata as md
 import os
 import sys
 
-from bench.core.config import Image, load_config
+from bench.core.config import Image
 from bench.core.contrast import contrast
 from bench.core.records import CellSummary, Fingerprint, Summary
 from bench.core.verdicts import Verdict
@@ -12,6 +12,7 @@ from bench.report.html import _fingerprint_table
 from bench.report.summary import markdown
 from bench.serve.fingerprint import fingerprint
 from bench.serve.launch import image_env
+from bench.store.matrixfile import load_config
 
 from .support import ROOT, VLLM_PYTHON, needs_vllm, setup_missing
 

@@ -3,8 +3,9 @@
 two jobs on one node never both ask for `gpus: all`. Without a cluster: the batch script run by
 bash under the variables Slurm's GRES plugin sets, with a stand-in python that records the bench's
 arguments; then those arguments taken as the bench takes them, down to the container's device
-request. (A real two-job run on one node needs a node with two GPUs: scripts/slurm.sh has one per
-node, see tests/test_e2e_slurm.py.)"""
+request, for jobs of several GPUs each. On the real Slurm of scripts/slurm.sh, whose node n1 has two
+fake GPUs, two one-GPU jobs running at once on n1 give their containers (on the stand-in GPU
+engine) disjoint NVIDIA_VISIBLE_DEVICES, each the job's SLURM_JOB_GPUS: tests/test_e2e_slurm.py."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from pathlib import Path
 import docker.types
 import yaml
 
-from bench.core.config import load_config, with_devices
+from bench.core.config import with_devices
 from bench.core.matrix import expand
 from bench.serve.launch_docker import run_options
 from bench.serve.slots import SlotPool
 from bench.slurm import devices_from_job, job_script
+from bench.store.matrixfile import load_config
 
 
 def config_file(tmp_path: Path, launcher: str) -> Path:

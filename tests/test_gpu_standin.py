@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.core.config import load_config, with_devices
+from bench.core.config import with_devices
 from bench.core.judge import judge_server
 from bench.core.matrix import expand
 from bench.core.verdicts import Reason
-from bench.serve.launch import BootError
+from bench.serve.errors import BootError
 from bench.serve.launch_docker import Container, DockerLauncher, container_env, not_runnable, run_options
 from bench.serve.slots import SlotPool
+from bench.store.matrixfile import load_config
 
 from .gpu_docker import IMAGE, StandinEngine, available
 from .support import setup_missing

@@ -12,10 +12,12 @@ import yaml
 from huggingface_hub import scan_cache_dir, snapshot_download, try_to_load_from_cache
 
 from bench import cli
-from bench.core.config import ConfigError, load_config, parse_config
+from bench.commands import run as run_command
+from bench.core.config import ConfigError, parse_config
 from bench.core.matrix import expand
 from bench.runner import run_matrix
 from bench.serve.launch_docker import checkpoint_mounts, container_model_path, mounts
+from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir
 from bench.weights import hub
 from bench.weights.hub import HubError, resolve_models
@@ -162,7 +164,7 @@ def test_regbench_run_offline_without_the_model_exits_2_before_any_server(minima
     minimal["server"] = {"hub_cache": str(cache.parent)}
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(minimal))
     started = []
-    monkeypatch.setattr(cli, "open_launcher", lambda config, run_id: started.append(run_id) or ScriptedLauncher(["ok"]))
+    monkeypatch.setattr(run_command, "open_launcher", lambda config, run_id: started.append(run_id) or ScriptedLauncher(["ok"]))
     code = cli.main(["run", str(tmp_path / "m.yaml"), "--results", str(tmp_path / "results"), "--run-id", "r"])
     err = capsys.readouterr().err
     assert code == 2, err

@@ -160,7 +160,8 @@ def run(repeat: int, findings=(), interrupted=False) -> RunRecord:
 
 
 def test_cell_verdicts_and_divergence_from_baseline(minimal):
-    cells = expand(parse_config(minimal))
+    config = parse_config(minimal)
+    cells = expand(config)
     _base_cell, cell = cells
     base_runs = [run(1, [Finding(reason="exit_code", detail="x")]), run(2)]
     base_reqs = [req(repeat=1, token_ids=[9] * 128), req(repeat=2, token_ids=list(range(128)))]
@@ -327,14 +328,15 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
     # Measured: a healthy bf16 model on a CPU with AMX misses a known answer in every cell
     # alike (no divergence, normal reference score). That is the probe failing, not the cells.
     from bench.core.records import Summary
-    from bench.report.summary import markdown, summarize_cells
+    from bench.report.summary import markdown
 
-    cells = expand(parse_config(minimal))
+    config = parse_config(minimal)
+    cells = expand(config)
     base_cell, cell = cells
     runs = [run(1, [_missed()]).model_copy(update={"cell_id": base_cell.id}),
             run(1, [_missed()]).model_copy(update={"cell_id": cell.id})]
     reqs = [req(cell_id=base_cell.id), req(cell_id=cell.id)]
-    base, other = summarize_cells(cells, runs, reqs)
+    base, other = summarize_cells(config, runs, reqs)
     for s in (base, other):
         assert (s.verdict, s.failures, s.reasons) == ("pass", 0, {})
         (note,) = s.unconfirmed_probes
@@ -348,13 +350,13 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
 
     # The same miss with a divergence on that prompt is corroborated: counted.
     diverging = [req(cell_id=base_cell.id), req(cell_id=cell.id, token_ids=[7, *list(range(1, 128))])]
-    base, other = summarize_cells(cells, runs, diverging)
+    base, other = summarize_cells(config, runs, diverging)
     assert base.verdict == "pass" and other.verdict == "fail"
     assert set(other.reasons) == {Reason.EXPECTATION_FAILED, Reason.DIVERGENCE} and other.unconfirmed_probes == []
 
     # A miss the baseline does not share is always counted.
     runs_ok_base = [run(1).model_copy(update={"cell_id": base_cell.id}), runs[1]]
-    base, other = summarize_cells(cells, runs_ok_base, reqs)
+    base, other = summarize_cells(config, runs_ok_base, reqs)
     assert base.verdict == "pass" and base.unconfirmed_probes == []
     assert other.verdict == "fail" and other.reasons == {Reason.EXPECTATION_FAILED: 1}
     md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
@@ -363,13 +365,13 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
 
 
 def test_the_baseline_misses_a_known_answer_with_other_evidence_it_counts(minimal):
-    cells = expand(parse_config(minimal))
+    config = parse_config(minimal)
+    cells = expand(config)
     base_cell = cells[0]
-    from bench.report.summary import summarize_cells
 
     corroborated = [run(1, [_missed(), _ceiling()]), run(2, [_missed(), Finding(reason="exit_code", detail="x")])]
     runs = [r.model_copy(update={"cell_id": base_cell.id}) for r in corroborated]
-    (base, _other) = summarize_cells(cells, runs, [])
+    (base, _other) = summarize_cells(config, runs, [])
     # Run 1: the two probes corroborate each other. Run 2: an exit code says nothing of the
     # answer, so that miss is set aside while the exit code counts.
     assert base.verdict == "fail"
@@ -382,22 +384,22 @@ def test_a_reference_ceiling_a_random_model_never_meets_does_not_erase_the_contr
     # its healthy safetensors baseline; the broken cell's reference probe fails outright.
     from bench.core.contrast import contrast
     from bench.core.verdicts import ReferenceLikelihood
-    from bench.report.summary import summarize_cells
 
-    cells = expand(parse_config(minimal))
+    config = parse_config(minimal)
+    cells = expand(config)
     base_cell, cell = cells
     broken = Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(
         mean_nll=None, tokens=50, error="HTTP 400: Out of range float values are not JSON compliant"))
     runs = [run(1, [_ceiling()]).model_copy(update={"cell_id": base_cell.id}),
             run(1, [Finding(reason="empty_text", detail="p: empty"), broken]).model_copy(update={"cell_id": cell.id})]
-    base, other = summarize_cells(cells, runs, [])
+    base, other = summarize_cells(config, runs, [])
     assert base.verdict == "pass" and [n.reason for n in base.unconfirmed_probes] == [Reason.REFERENCE_NLL]
     assert other.verdict == "fail" and other.reasons == {Reason.EMPTY_TEXT: 1, Reason.REFERENCE_NLL: 1}
     (c,) = contrast([base, other])
     assert c.only_with == {"load_format": "runai_streamer"}
     # A cell whose score only shares the baseline's ceiling miss, with no drift, is not blamed.
     same = [runs[0], run(1, [_ceiling(7.7)]).model_copy(update={"cell_id": cell.id})]
-    assert [s.verdict for s in summarize_cells(cells, same, [])] == ["pass", "pass"]
+    assert [s.verdict for s in summarize_cells(config, same, [])] == ["pass", "pass"]
 
 
 def test_non_finite_values_the_server_cannot_encode_are_named(workload):
@@ -412,11 +414,60 @@ def test_non_finite_values_the_server_cannot_encode_are_named(workload):
 def test_unconfirmed_probes_are_shown_in_the_html_report(minimal):
     from bench.core.records import Summary
     from bench.report.html import html_report
-    from bench.report.summary import summarize_cells
+    from bench.report.model import Report
 
-    cells = expand(parse_config(minimal))
+    config = parse_config(minimal)
+    cells = expand(config)
     runs = [run(1, [_missed()]).model_copy(update={"cell_id": c.id}) for c in cells]
-    summaries = summarize_cells(cells, runs, [req(cell_id=c.id) for c in cells])
-    html = html_report(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
-                               cells=summaries, exit_code=0), runs, [], [], [])
-    assert html.count("Probes missed with the baseline, not counted") == 2 and "L&#x27;Étoile" in html
+    summaries = summarize_cells(config, runs, [req(cell_id=c.id) for c in cells])
+    html = html_report(Report.of(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
+                                         cells=summaries, exit_code=0), runs, [], [], []))
+    assert html.count("Probes missed with the baseline, not counted") == 2 and "L&#39;Étoile" in html
+
+
+def summarize_cells(config, runs, requests):
+    """Every cell of the matrix judged over these records, as `regbench report` judges a folder."""
+    from bench.core.judge import judge
+    from bench.core.results import Results, plan_for
+
+    plan = plan_for("r", config, expand(config), 0.0)
+    return judge(Results(config=config, plan=plan, runs=runs, requests=requests)).cells
+
+
+def test_the_same_request_twice_in_one_run_must_get_the_same_tokens(minimal):
+    from bench.core.judge import judge_twins
+    from bench.core.tokens import comparator_for
+
+    # The same question, once whole and once streamed (and a third, different one): what a
+    # prefix-cache or streaming fault changes while each answer alone looks healthy.
+    minimal["workload"]["prompts"] = [
+        {"id": "a", "prompt": "The capital of France is"},
+        {"id": "a-streamed", "prompt": "The capital of France is", "stream": True},
+        {"id": "b", "prompt": "Something else"},
+    ]
+    workload = parse_config(minimal).workload
+    same = [req(prompt_id="a"), req(prompt_id="a-streamed", stream=True), req(prompt_id="b", token_ids=[9] * 128)]
+    assert judge_twins(same, workload) == []
+    bad = [req(prompt_id="a"), req(prompt_id="a-streamed", stream=True, token_ids=[0, 1, 2, 99, *range(4, 128)]),
+           req(prompt_id="b", token_ids=[9] * 128)]
+    (f,) = judge_twins(bad, workload)
+    assert (f.reason, f.prompt_id, f.evidence.other_prompt_id, f.evidence.position) == (
+        Reason.INCONSISTENT_OUTPUT, "a-streamed", "a", 3)
+    assert "streamed vs not" in f.detail and "99 vs 3" in f.detail
+    # Under the tolerant rule a token the other side ranked in its top k is no difference.
+    from bench.core.tokens import TokenLogprobs
+
+    def scored(r):
+        return r.model_copy(update={"logprobs": [TokenLogprobs(logprob=-0.1, top=[(i, -0.1), (99 if i == 3 else 3, -0.2)])
+                                                 for i in r.token_ids]})
+
+    tolerant = [scored(r) for r in bad]
+    assert judge_twins(tolerant, workload, comparator_for("logprobs", 2)) == []
+    # The same tokens told as other text: the stream repeated the prompt before the answer.
+    told = [req(prompt_id="a", text="Paris."), req(prompt_id="a-streamed", stream=True,
+                                                   text="The capital of France is Paris.")]
+    (f,) = judge_twins(told, workload)
+    assert f.reason == Reason.INCONSISTENT_OUTPUT and f.evidence.position == 0
+    assert "other text from character 0" in f.detail and "'The capital" in f.detail
+    # A run whose workload has no twins has nothing to compare.
+    assert judge_twins(bad[:1], workload) == []

@@ -11,16 +11,11 @@ import pytest
 from bench.core.config import parse_config
 from bench.core.judge import judge_server
 from bench.core.matrix import expand
-from bench.serve.launch import (
-    BootError,
-    ProcessGroup,
-    Server,
-    free_port,
-    labelled_processes,
-    reap_local,
-    vllm_argv,
-    vllm_env,
-)
+from bench.serve.errors import BootError
+from bench.serve.launch_local import ProcessGroup, vllm_argv, vllm_env
+from bench.serve.lifecycle import Server
+from bench.serve.ports import free_port
+from bench.serve.reap import labelled_processes, reap_local
 
 from .support import ROOT, processes_labelled, wait_until
 
@@ -190,7 +185,7 @@ def test_container_options_of_a_platform_and_secrets_by_name(minimal):
     assert opts["device_requests"][0]["Count"] == -1 and opts["ulimits"][0]["Name"] == "memlock"
     thor = run_options(Platform.model_validate({"name": "thor", "docker": {"runtime": "nvidia"}}))
     assert thor["runtime"] == "nvidia" and "device_requests" not in thor
-    from bench.serve.launchers import owner_tag
+    from bench.serve.reap import owner_tag
 
     assert labels("r1", cell.id, 2) == {"org.regbench": "1", "org.regbench.run": "r1", "org.regbench.cell": cell.id,
                                          "org.regbench.repeat": "2", "org.regbench.owner": owner_tag()}
@@ -275,10 +270,37 @@ def test_no_launcher_name_is_switched_on_outside_the_launcher_modules():
     import re
 
     switch = re.compile(r"""launcher\s*[!=]=\s*["']|["'](local|docker)["']\s*[!=]=\s*\S*launcher""")
-    allowed = {"launchers.py", "launch.py", "launch_docker.py"}
+    allowed = {"launchers.py", "launch_local.py", "launch_docker.py"}
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "bench").rglob("*.py") if p.name not in allowed
                  for i, line in enumerate(p.read_text().splitlines(), 1) if switch.search(line)]
     assert offenders == []
+
+
+def test_each_backend_registers_once_and_the_schema_knows_it_and_what_it_needs():
+    # The schema (bench.core) cannot import the launcher layer: it keeps its own list of names and
+    # of the image fields each back-end cannot run without, which must be the registry's.
+    from typing import get_args
+
+    from bench.core.config import IMAGE_FIELDS_NEEDED, Image, LauncherName
+    from bench.serve.launchers import BACKENDS, backend, needs
+    from bench.weights import probes
+
+    assert BACKENDS.names() == ["local", "docker"] and set(get_args(LauncherName)) == set(BACKENDS.names())
+    unset_by_default = {f for f, info in Image.model_fields.items() if info.default is None}
+    assert {n: tuple(f for f in needs(n) if f in unset_by_default) for n in BACKENDS.names()} == IMAGE_FIELDS_NEEDED
+    for name in BACKENDS.names():
+        assert set(needs(name)) <= set(Image.model_fields)
+        probes.needs(backend(name).audit_in)  # the probe back-end its launchers audit with exists
+
+
+def test_a_backend_registered_outside_its_own_module_is_refused():
+    from bench.serve.registry import Registry
+
+    registry: Registry[type] = Registry("bench.serve", "launch_")
+    with pytest.raises(TypeError, match=r"bench\.serve\.launch_elsewhere"):
+        registry.register("elsewhere")(type("Elsewhere", (), {}))
+    with pytest.raises(KeyError, match="no back-end 'nowhere'"):
+        registry.entry("nowhere")
 
 
 def test_the_local_backend_removes_a_results_folders_leftovers_only(tmp_path):
@@ -306,7 +328,7 @@ def test_clean_leaves_the_servers_of_a_bench_that_still_runs(tmp_path):
     --all removes it too."""
     import socket
 
-    from bench.serve.launchers import OWNER_VAR, owner_gone, owner_tag
+    from bench.serve.reap import OWNER_VAR, owner_gone, owner_tag
 
     # A run id of its own: `clean --all` takes whatever carries the id, other tests' servers too.
     run_id = f"clean-{os.getpid()}-{tmp_path.name}"

@@ -98,3 +98,24 @@ def test_a_baseline_rule_naming_nothing_known_is_refused(minimal, baseline, mess
     minimal["baseline"] = baseline
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(minimal)
+
+
+def test_a_cell_carries_what_every_stage_needs(minimal):
+    from bench.core.config import Platform
+
+    minimal["profiles"] = [{"name": "cpu", "devices": ["0"], "device_kind": "cpu", "env": {"X": "1"}}]
+    config = parse_config(minimal)
+    for cell in expand(config):
+        assert cell.profile == config.profiles[0] and cell.profile.env == {"X": "1"}
+        assert (cell.server, cell.workload, cell.comparison, cell.reference_text) == (
+            config.server, config.workload, config.comparison, config.reference_text)
+    # A matrix parsed without profiles runs its platforms with the defaults.
+    del minimal["profiles"]
+    assert expand(parse_config(minimal))[0].profile == Platform(name="cpu")
+
+
+def test_a_platform_without_its_profile_is_refused_not_run_blank(minimal):
+    minimal["platforms"] = ["cpu", "h200"]
+    minimal["profiles"] = [{"name": "cpu"}]
+    with pytest.raises(ConfigError, match=r"platforms \['h200'\] have no profile"):
+        parse_config(minimal)

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.core.config import ConfigError, Platform, load_config, parse_config
+from bench.core.config import ConfigError, Platform, parse_config
 from bench.core.matrix import expand
 from bench.serve.platforms import HostFacts, matches, select
+from bench.store.matrixfile import load_config
 
 CPU_HOST = HostFacts(arch="x86_64", gpus=[])
 H200_HOST = HostFacts(arch="x86_64", gpus=["NVIDIA H200"] * 8)

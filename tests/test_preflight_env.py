@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bench.core.config import load_config
 from bench.core.matrix import expand
+from bench.store.matrixfile import load_config
 from bench.weights.preflight import audit_env, preflight
 
 from .support import needs_canary, one_cell_config

@@ -25,11 +25,11 @@ import pytest
 import requests
 import yaml
 
-from bench.core.config import load_config
 from bench.core.matrix import expand
 from bench.core.records import Fingerprint, RunRecord, TokenDiff
 from bench.runner import pin_images, run_matrix
 from bench.serve.launch_docker import LABEL, DockerLauncher, ImageUnavailable, pin_of, repository
+from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir
 
 from .support import ROOT, wait_until, write_checkpoint
@@ -204,7 +204,7 @@ def test_a_tag_moved_mid_run_changes_nothing_every_repeat_runs_the_first_digest(
     second: list[str] = []
     t0 = time.time()
     summary = run_matrix(config, cells, results, launcher=launcher,
-                         progress=MoveTag(lambda: second.append(push(engine, builds[1], ref))))
+                         progress=MoveTag(lambda: second.append(push(engine, builds[1], ref)))).summary
 
     assert second and second[0] != first  # the registry's tag did move, and so did the local one
     assert engine.images.get(ref).id == builds[1]

@@ -12,8 +12,8 @@ from junitparser import Failure, JUnitXml, Skipped
 from bench.cli import main
 from bench.core.matrix import expand
 from bench.core.records import Finding
-from bench.report.summary import summarize
-from bench.store.publish import log_excerpt, regenerate, write_reports
+from bench.core.results import plan_for
+from bench.store.publish import log_excerpt, regenerate
 from tests import synth
 
 BAD = "m__runai_streamer__cpu__img"
@@ -136,7 +136,7 @@ def test_report_html_escapes_untrusted_text_and_embeds_the_log_excerpt(flaky_fol
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     assert "default-src 'none'" in html
     # The excerpt around the exit-time exception, not the whole 60 KB log.
-    assert "UnicodeDecodeError: &#x27;utf-8&#x27; codec" in html
+    assert "UnicodeDecodeError: &#39;utf-8&#39; codec" in html
     assert "server.log around the finding (first unexpected exit-time episode, bytes" in html
     assert html.count("INFO booting") < 200
     # Per-cell details, verdicts in the heatmap, and the per-run plot.
@@ -196,7 +196,7 @@ def test_report_html_of_boot_failures_and_interrupted_runs(tmp_path):
                   findings=[Finding(reason="boot_failed", detail="exited with code 1 during boot")])
     run = synth.add_run(results, BAD, 1)
     results.add_run(run.model_copy(update={"repeat": 2, "interrupted": True}))
-    summary = regenerate(results.path)
+    summary = regenerate(results.path).summary
     assert [(c.verdict, c.failures, c.runs) for c in summary.cells] == [("flaky", 1, 2), ("pass", 0, 1)]
     html = (results.path / "report.html").read_text()
     assert "OSError: no model &lt;here&gt;" in html and "end of the log" in html
@@ -209,6 +209,6 @@ def test_a_slices_reports_judge_the_cells_it_planned_not_the_whole_matrix(tmp_pa
     synth.add_run(results, BAD, 1)
     config = results.config()
     only = [c for c in expand(config) if c.id == BAD]  # as `regbench run --cell BAD` plans it
-    write_reports(results, summarize("r", config, only, results.runs(), results.requests(), 0.0, 1.0, False))
+    results.write_plan(plan_for("r", config, only, 0.0))
     # The baseline cell is not in the slice: no divergence to judge, and no "not run" row for it.
-    assert [c.cell_id for c in regenerate(results.path).cells] == [BAD]
+    assert [c.cell_id for c in regenerate(results.path).summary.cells] == [BAD]

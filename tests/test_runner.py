@@ -9,7 +9,7 @@ from bench.core.config import parse_config
 from bench.core.matrix import expand
 from bench.core.records import Finding, Reason, RunRecord, ServerOutcome
 from bench.runner import run_matrix
-from bench.serve.launch import BootError
+from bench.serve.errors import BootError
 from bench.store.results import ResultsDir
 
 from .support import Live, ScriptedLauncher
@@ -26,7 +26,7 @@ def test_a_run_writes_every_record_and_a_summary(tmp_path, minimal):
     cfg = config(minimal, repeats=2)
     results = ResultsDir.create(tmp_path, "r", cfg)
     launcher = ScriptedLauncher(["ok", "empty"])
-    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher)
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher).summary
     assert launcher.started == [("m__safetensors__cpu__img", 1), ("m__safetensors__cpu__img", 2)]
     assert len(results.runs()) == 2 and len(results.requests()) == 2
     (cell,) = summary.cells
@@ -38,7 +38,7 @@ def test_early_stop_skips_repeats_once_the_verdict_is_settled(tmp_path, minimal)
     cfg = config(minimal, repeats=6, early_stop=True)
     results = ResultsDir.create(tmp_path, "r", cfg)
     launcher = ScriptedLauncher(["ok", "empty", "ok", "ok", "ok", "ok"])
-    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher)
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher).summary
     assert [r for _, r in launcher.started] == [1, 2]  # flaky after two: nothing can change that
     assert summary.cells[0].verdict == "flaky"
 
@@ -64,7 +64,7 @@ def test_resume_runs_only_what_is_not_done(tmp_path, minimal):
     again = ResultsDir(results.path)
     done = again.prepare_resume()
     launcher = ScriptedLauncher(["ok"] * 3)
-    summary = run_matrix(cfg, expand(cfg), again, launcher=launcher, done=frozenset(done))
+    summary = run_matrix(cfg, expand(cfg), again, launcher=launcher, done=frozenset(done)).summary
     assert [r for _, r in launcher.started] == [2, 3]
     assert summary.cells[0].runs == 3 and len(again.requests()) == 3
 
@@ -88,7 +88,7 @@ def test_progress_never_calls_a_run_clean_that_its_cell_verdict_fails(tmp_path, 
     results = ResultsDir.create(tmp_path, "r", cfg)
     progress = Recorded()
     summary = run_matrix(cfg, expand(cfg), results, progress=progress,
-                         launcher=ScriptedLauncher(["ok"], by_format={"runai_streamer": ["shifted"]}))
+                         launcher=ScriptedLauncher(["ok"], by_format={"runai_streamer": ["shifted"]})).summary
     (base, other) = progress.done
     assert base == ("safetensors", 1, [])
     assert other[:2] == ("runai_streamer", 1) and [d.position for d in other[2]] == [0]
@@ -105,7 +105,7 @@ def test_progress_says_pending_while_the_baseline_has_no_clean_run(tmp_path, min
 
 
 def test_the_progress_line_marks_pass_pending_and_divergence():
-    from bench.cli import run_line
+    from bench.commands.console import run_line
     from bench.core.records import RunRecord, TokenDiff
 
     record = RunRecord(cell_id="c", repeat=1, server=ServerOutcome(

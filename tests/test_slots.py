@@ -21,8 +21,10 @@ from bench.core.matrix import expand
 from bench.core.records import Devices
 from bench.core.stop import Stopped, StopToken
 from bench.runner import run_matrix
-from bench.serve.launch import Server, device_argv, device_env
+from bench.serve.launch import device_env
 from bench.serve.launch_docker import container_env, run_options
+from bench.serve.launch_local import device_argv
+from bench.serve.lifecycle import Server
 from bench.serve.slots import SlotPool, shared_devices
 from bench.store.results import ResultsDir
 
@@ -126,16 +128,17 @@ def test_docker_containers_get_their_devices_in_the_environment(minimal):
     cfg = parse_config(matrix(minimal, ["0", "1"]))
     cell = expand(cfg)[0]
     assert container_env(cell, cfg, {}, Devices(kind="cpu", ids=("1",)))["VLLM_CPU_OMP_THREADS_BIND"] == "1"
-    thor = cfg.model_copy(update={"profiles": [cfg.profiles[0].model_copy(
-        update={"device_kind": "gpu", "docker": cfg.profiles[0].docker.model_copy(update={"runtime": "nvidia"})})]})
-    assert container_env(cell, thor, {}, Devices(kind="gpu", ids=("0",)))["NVIDIA_VISIBLE_DEVICES"] == "0"
+    # A cell carries its platform's profile: the nvidia runtime's way of naming devices.
+    thor = cell.model_copy(update={"profile": cell.profile.model_copy(
+        update={"device_kind": "gpu", "docker": cell.profile.docker.model_copy(update={"runtime": "nvidia"})})})
+    assert container_env(thor, cfg, {}, Devices(kind="gpu", ids=("0",)))["NVIDIA_VISIBLE_DEVICES"] == "0"
 
 
 def test_four_cells_on_two_devices_run_side_by_side_and_never_share_one(tmp_path, minimal):
     cfg = parse_config(matrix(minimal, ["0", "1"]))
     results = ResultsDir.create(tmp_path, "r", cfg)
     summary = run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"], together=2),
-                         locks=tmp_path / "locks")
+                         locks=tmp_path / "locks").summary
     runs = results.runs()
     assert len(runs) == 4 and {c.verdict for c in summary.cells} == {"pass"}
     assert shared_devices(runs) == []
@@ -191,7 +194,7 @@ def test_ctrl_c_stops_every_concurrent_server(tmp_path, minimal, ctrl_c_raises):
 
     threading.Thread(target=interrupt_once_both_serve, daemon=True).start()
     t0 = time.monotonic()
-    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher, locks=tmp_path / "l")
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher, locks=tmp_path / "l").summary
     assert time.monotonic() - t0 < 10  # not the 30 s each hanging request would take
     assert summary.interrupted
     runs = results.runs()
@@ -228,7 +231,8 @@ def test_a_cell_needing_more_devices_than_the_host_has_is_refused_before_anythin
 
 
 def test_a_real_server_process_is_pinned_to_its_cpus(tmp_path):
-    from bench.serve.launch import ProcessGroup, free_port
+    from bench.serve.launch_local import ProcessGroup
+    from bench.serve.ports import free_port
 
     port = free_port()
     argv = device_argv(Devices(kind="cpu", ids=("0",)), [sys.executable, str(FAKEPROC), str(port), "children"])

@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bench.core.config import load_config
 from bench.core.matrix import expand
 from bench.slurm import SlurmJob, SlurmOptions, job_script, parse_scontrol, sbatch_args
+from bench.store.matrixfile import load_config
 
 from .support import SMOKE
 

@@ -1,11 +1,13 @@
 """The built wheel, installed in a fresh venv outside the repository, is the whole product:
-its platform profiles ship as package data and `regbench plan` resolves `platforms: [h200]`."""
+its platform profiles ship as package data and `regbench plan` resolves `platforms: [h200]`;
+report.html's templates, stylesheet and script ship too, and a page renders from them."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import yaml
 
@@ -20,6 +22,9 @@ def test_the_wheel_installed_outside_the_repo_plans_an_h200_matrix(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(src)],
                    check=True, capture_output=True, text=True, timeout=300)
     (wheel,) = wheels.glob("regbench-*.whl")
+    report_files = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bench" / "report").rglob("*")
+                    if p.name.endswith((".j2", ".css", ".js"))}
+    assert report_files and report_files <= set(zipfile.ZipFile(wheel).namelist())
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run([venv / "bin" / "pip", "install", "-q", str(wheel)], check=True, capture_output=True,
@@ -37,3 +42,18 @@ def test_the_wheel_installed_outside_the_repo_plans_an_h200_matrix(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "m__safetensors__h200__v1" in out.stdout and "[2 devices]" in out.stdout
     assert "platform h200: cells side by side on gpu devices" in out.stdout
+
+    page = subprocess.run([venv / "bin" / "python", "-c", RENDER], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert page.returncode == 0, page.stderr
+    css, js = ((ROOT / "bench" / "report" / name).read_text() for name in ("report.css", "report.js"))
+    assert 'id="heatmap"' in page.stdout and css in page.stdout and js in page.stdout
+
+
+RENDER = """
+from bench.core.records import Summary
+from bench.report.html import html_report
+from bench.report.model import Report
+print(html_report(Report.of(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
+                                    cells=[], exit_code=0), [], [], [], [])))
+"""

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.core.config import load_config
 from bench.core.matrix import expand
 from bench.core.slicing import github_matrix
+from bench.store.matrixfile import load_config
 
 from .support import needs
 

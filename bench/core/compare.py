@@ -21,12 +21,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from bench.core.config import ConfigError
 from bench.core.judge import reference_outputs
 from bench.core.perf import METRICS, MIN_RUNS, SlowdownCheck, run_values, slowdowns
-from bench.core.records import CellSummary, Fingerprint, RequestRecord, RunRecord
+from bench.core.records import CellSummary, Fingerprint, Record, RequestRecord, RunRecord
 from bench.core.stats import rate_text
 from bench.core.tokens import EXACT, Comparator, Output
 from bench.core.verdicts import Verdict
@@ -34,11 +32,7 @@ from bench.core.verdicts import Verdict
 AXES = ("model", "load_format", "platform", "image")
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Side(_Record):
+class Side(Record):
     """One run as compared: its judged cells, first clean outputs and fingerprints."""
 
     name: str
@@ -68,13 +62,13 @@ def side_from_records(
     return Side(name=name, cells=cells, outputs=outputs, fingerprints=fingerprints, perf=perf)
 
 
-class PromptOutput(_Record):
+class PromptOutput(Record):
     prompt_id: str
     status: Literal["same", "differs", "no clean run in A", "no clean run in B", "only in A", "only in B"]
     position: int | None = None  # first differing token when status is "differs"
 
 
-class CellChange(_Record):
+class CellChange(Record):
     label: str  # the cell id, or its axes with "a→b" where they differ
     a_id: str
     b_id: str
@@ -93,7 +87,7 @@ class CellChange(_Record):
     slowdowns: list[SlowdownCheck] = []  # one per metric both sides measured
 
 
-class FingerprintChange(_Record):
+class FingerprintChange(Record):
     image_a: str
     image_b: str
     field: str
@@ -101,7 +95,7 @@ class FingerprintChange(_Record):
     b: str | None
 
 
-class Comparison(_Record):
+class RunComparison(Record):
     a_name: str
     b_name: str
     comparator: str = "exact"  # the rule outputs were compared by
@@ -201,7 +195,7 @@ def _fingerprint_changes(a: Side, b: Side, pairs: list[tuple[str, str]]) -> list
 def compare(
     a: Side, b: Side, ignore: frozenset[str] = frozenset(), comparator: Comparator = EXACT,
     thresholds: dict[str, float] | None = None,
-) -> Comparison:
+) -> RunComparison:
     """Matches A's cells with B's (see the module docstring) and lists what changed."""
     unknown = sorted(ignore - set(AXES))
     if unknown:
@@ -228,7 +222,7 @@ def compare(
         for k in matched
     ]
     pairs = list(dict.fromkeys((index_a[k].image, index_b[k].image) for k in matched))
-    return Comparison(
+    return RunComparison(
         a_name=a.name, b_name=b.name, comparator=comparator.name, ignored_axes=sorted(ignore), auto_ignored=auto,
         cells=changes,
         only_a=[c.cell_id for k, c in index_a.items() if k not in index_b],
@@ -264,7 +258,7 @@ def _perf_lines(checks: list[SlowdownCheck], verbose: bool) -> list[str]:
     return out
 
 
-def format_comparison(c: Comparison, verbose: bool = False) -> list[str]:
+def format_comparison(c: RunComparison, verbose: bool = False) -> list[str]:
     """The comparison as plain text lines, regressions first."""
     lines = [f"A: {c.a_name}", f"B: {c.b_name}"]
     if c.ignored_axes:

@@ -6,14 +6,13 @@ loudly instead of silently running the default. Paths in the file are relative t
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
+
+from bench.core.errors import RegbenchError
 
 # Names end up in cell ids, directory names and process arguments: keep them boring.
 # No "__" inside a name: it joins the parts of a cell id.
@@ -32,7 +31,7 @@ Name = Annotated[str, AfterValidator(_check_name)]
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class ConfigError(Exception):
+class ConfigError(RegbenchError):
     """A matrix file that cannot be run; the message names the file and the key path."""
 
 
@@ -58,18 +57,28 @@ def _check_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class Model(Strict):
-    name: Name
-    path: str = Field(min_length=1, description="local checkpoint directory or hub id")
+    name: Name = Field(description="the model's name in cell ids and reports")
+    path: str = Field(
+        min_length=1,
+        description="local checkpoint directory, hub id `org/name`, or `s3://bucket/prefix`; a path that looks "
+                    "local (`./`, `../`, `/`, `~`) must exist; relative to the matrix file",
+    )
     revision: str | None = Field(
         default=None, min_length=1, max_length=256,
         description="a hub id's branch, tag or commit (default: the repository's main branch); the commit it "
                     "resolves to is recorded in the run (bench/weights/hub.py)",
     )
-    served_name: Name | None = None
-    server_args: list[str] = []
+    served_name: Name | None = Field(
+        default=None, description="the name the server serves the model under (vLLM's `--served-model-name`); "
+                                  "default: `name`")
+    server_args: list[str] = Field(
+        default=[], description="extra `vllm serve` arguments for this model's servers (not `--tensor-parallel-size`)")
     # Devices each server of this model takes (vLLM's --tensor-parallel-size, passed by the
     # launcher): the runner gives it that many of the platform's `devices`.
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    tensor_parallel_size: int = Field(
+        default=1, ge=1, le=64,
+        description="devices each server of this model takes, passed as `--tensor-parallel-size`; the runner "
+                    "gives it that many of the platform's `devices`")
 
     @field_validator("server_args")
     @classmethod
@@ -83,11 +92,15 @@ class Model(Strict):
 
 
 class LoadFormat(Strict):
-    name: Name
+    name: Name = Field(description="the load format's name in cell ids and reports")
     # vLLM's --load-format value; defaults to name so that two variants of one format can coexist.
-    format: Name | None = None
-    model_loader_extra_config: dict[str, int | float | str | bool] = {}
-    env: dict[str, str] = {}
+    format: Name | None = Field(
+        default=None, description="vLLM's `--load-format` value; default: `name` (so two variants of one format "
+                                  "can coexist)")
+    model_loader_extra_config: dict[str, int | float | str | bool] = Field(
+        default={}, description="vLLM's `--model-loader-extra-config` (e.g. the streamer's `concurrency`, "
+                                "`memory_limit`); the pre-flight audit gets the same settings")
+    env: dict[str, str] = Field(default={}, description="environment variables for the servers of this load format")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -101,12 +114,21 @@ class Image(Strict):
     policy; for the local launcher an environment variant: which Python runs vLLM. Both take an
     overlay (`pythonpath`, mounted read-only in a container) and environment variables."""
 
-    name: Name
-    ref: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
-    pull: Literal["always", "if-missing", "never"] = "if-missing"
-    python: str = Field(default="python3", min_length=1)
-    pythonpath: list[str] = []
-    env: dict[str, str] = {}
+    name: Name = Field(description="the image's name in cell ids and reports")
+    ref: str | None = Field(
+        default=None, min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$",
+        description="docker launcher: the image reference (`vllm/vllm-openai:v0.18.2`); required there")
+    pull: Literal["always", "if-missing", "never"] = Field(
+        default="if-missing", description="docker launcher: when to pull `ref`, applied once per run before any "
+                                          "cell; the run is then pinned to the digest it got")
+    python: str = Field(
+        default="python3", min_length=1,
+        description="local launcher: the interpreter that has vLLM (a bare name is looked up on PATH; a path is "
+                    "relative to the matrix file)")
+    pythonpath: list[str] = Field(
+        default=[], description="folders put first on the server's PYTHONPATH (mounted read-only in a container), "
+                                "e.g. a runai-model-streamer overlay")
+    env: dict[str, str] = Field(default={}, description="environment variables for the servers of this image")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -114,10 +136,10 @@ class Image(Strict):
 class CellFilter(Strict):
     """Matches cells whose axes equal every given value; unset axes match anything."""
 
-    model: Name | None = None
-    load_format: Name | None = None
-    platform: Name | None = None
-    image: Name | None = None
+    model: Name | None = Field(default=None, description="a model's name")
+    load_format: Name | None = Field(default=None, description="a load format's name")
+    platform: Name | None = Field(default=None, description="a platform's name")
+    image: Name | None = Field(default=None, description="an image's name")
 
     @model_validator(mode="after")
     def _not_empty(self) -> CellFilter:
@@ -133,10 +155,10 @@ class BaselineRule(Strict):
     release against the previous), `{model: m-bf16}` a checkpoint variant with another. The cells
     the rule maps onto themselves are the baselines."""
 
-    model: Name | None = None
-    load_format: Name | None = None
-    platform: Name | None = None
-    image: Name | None = None
+    model: Name | None = Field(default=None, description="the baseline's model (default: each cell's own)")
+    load_format: Name | None = Field(default=None, description="the baseline's load format (default: each cell's own)")
+    platform: Name | None = Field(default=None, description="the baseline's platform (default: each cell's own)")
+    image: Name | None = Field(default=None, description="the baseline's image (default: each cell's own)")
 
     @model_validator(mode="after")
     def _not_empty(self) -> BaselineRule:
@@ -157,8 +179,13 @@ class Comparison(Strict):
     other's top 5. `exact` is right only where the numerics are bit-reproducible (float32 on
     CPU). Both catch a server that lost its weights."""
 
-    mode: Literal["exact", "logprobs"] = "logprobs"
-    top_k: int = Field(default=5, ge=1, le=20)  # vLLM serves at most 20 logprobs by default
+    mode: Literal["exact", "logprobs"] = Field(
+        default="logprobs",
+        description="`logprobs`: at the first differing token each side's token must be in the other's top k "
+                    "(vLLM's `check_logprobs_close`); `exact`: token ids equal")
+    top_k: int = Field(
+        default=5, ge=1, le=20,
+        description="k of the `logprobs` rule")  # vLLM serves at most 20 logprobs by default
 
 
 # Written here for regbench: plain English prose, so that any model trained on English text
@@ -179,29 +206,36 @@ class ReferenceText(Strict):
     (10.8 for a 49,152-token vocabulary) or not a number at all. No baseline needed for the
     ceiling; against the baseline cell's score the tolerance catches smaller losses."""
 
-    enabled: bool = True
-    passage: str = Field(default=DEFAULT_PASSAGE, min_length=20)
+    enabled: bool = Field(default=True, description="score the passage after each run's workload; turn it off "
+                                                     "for a random test model (it scores near ln(vocab) anyway)")
+    passage: str = Field(default=DEFAULT_PASSAGE, min_length=20,
+                         description="the text scored (default: a built-in paragraph of plain English)")
     # Far above any trained model on plain English, far below a model without weights. A random
     # test model (like the tiny canary) scores near ln(vocab) with or without its weights: turn
     # the probe off for it.
-    max_mean_nll: float | None = Field(default=6.0, gt=0)
+    max_mean_nll: float | None = Field(
+        default=6.0, gt=0,
+        description="ceiling on the mean negative log-likelihood, nats per token, no baseline needed; "
+                    "`null`: no ceiling")
     # Healthy numerics (bf16 vs float32, batching, releases) moved it by < 0.01 here.
-    tolerance: float = Field(default=0.5, ge=0)
+    tolerance: float = Field(default=0.5, ge=0,
+                             description="how far above the baseline cell's score a run may be, nats per token")
 
 
 class Message(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "user", "assistant"] = Field(description="who says it")
+    content: str = Field(description="what is said")
 
 
 class Expect(Strict):
     """What a healthy model's answer to a prompt holds, judged without any baseline: a model that
     lost part of its weights talks fluently and wrongly. Exactly one of the three."""
 
-    contains: str | None = None
-    regex: str | None = None
-    one_of: list[str] | None = Field(default=None, min_length=1)  # contains any of them
-    ignore_case: bool = False
+    contains: str | None = Field(default=None, description="the answer contains this text")
+    regex: str | None = Field(default=None, description="the answer matches this regular expression (searched)")
+    one_of: list[str] | None = Field(
+        default=None, min_length=1, description="the answer contains one of these texts")
+    ignore_case: bool = Field(default=False, description="compare without regard to case")
 
     @model_validator(mode="after")
     def _one_rule(self) -> Expect:
@@ -232,12 +266,16 @@ class Expect(Strict):
 
 
 class Prompt(Strict):
-    id: Name
-    kind: Literal["completion", "chat"] = "completion"
-    prompt: str | None = None
-    messages: list[Message] | None = None
-    stream: bool = False
-    expect: Expect | None = None
+    id: Name = Field(description="the prompt's name in records and reports")
+    kind: Literal["completion", "chat"] = Field(
+        default="completion", description="`completion` (needs `prompt`) or `chat` (needs `messages`)")
+    prompt: str | None = Field(default=None, description="the text of a completion request")
+    messages: list[Message] | None = Field(default=None, description="the messages of a chat request")
+    stream: bool = Field(default=False, description="stream the answer (gives time to first token and "
+                                                     "inter-token latency)")
+    expect: Expect | None = Field(
+        default=None, description="a known answer, judged without a baseline (`expectation_failed`); exactly one "
+                                  "of `contains`, `regex`, `one_of`")
 
     @model_validator(mode="after")
     def _shape(self) -> Prompt:
@@ -249,14 +287,16 @@ class Prompt(Strict):
 
 
 class Workload(Strict):
-    prompts: list[Prompt] = Field(min_length=1)
-    min_tokens: int = Field(default=128, ge=1, le=1_000_000)
-    max_tokens: int = Field(default=128, ge=1, le=1_000_000)
-    ignore_eos: bool = True
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    seed: int = Field(default=0, ge=0, lt=2**63)
-    concurrency: int = Field(default=1, ge=1, le=1024)
-    request_timeout_s: float = Field(default=120.0, gt=0, le=86_400)
+    prompts: list[Prompt] = Field(min_length=1, description="the requests each run sends, in order")
+    min_tokens: int = Field(default=128, ge=1, le=1_000_000, description="vLLM's `min_tokens` for every request")
+    max_tokens: int = Field(default=128, ge=1, le=1_000_000, description="`max_tokens` for every request")
+    ignore_eos: bool = Field(default=True, description="vLLM's `ignore_eos`: generate `max_tokens` whatever the model "
+                                                       "says")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="sampling temperature (0: greedy)")
+    seed: int = Field(default=0, ge=0, lt=2**63, description="the sampling seed of every request")
+    concurrency: int = Field(default=1, ge=1, le=1024, description="requests in flight at once")
+    request_timeout_s: float = Field(default=120.0, gt=0, le=86_400,
+                                     description="seconds before a request is a `timeout`")
 
     @model_validator(mode="after")
     def _tokens(self) -> Workload:
@@ -268,16 +308,23 @@ class Workload(Strict):
         return self
 
 
-class Server(Strict):
-    host: Literal["127.0.0.1"] = "127.0.0.1"
-    args: list[str] = []
-    env: dict[str, str] = {}
+class ServerSettings(Strict):
+    host: Literal["127.0.0.1"] = Field(default="127.0.0.1", description="the address servers bind (only this one)")
+    args: list[str] = Field(default=[], description="extra `vllm serve` arguments for every server "
+                                                    "(not `--tensor-parallel-size`)")
+    env: dict[str, str] = Field(default={}, description="environment variables for every server")
     # Names of the bench's environment variables handed to containers (HF_TOKEN, ...). Only the
     # names are configuration; values are read at launch and never written anywhere.
-    env_passthrough: list[str] = []
-    hub_cache: str | None = None  # host folder mounted as the container's Hugging Face cache
-    boot_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
-    shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3_600)
+    env_passthrough: list[str] = Field(
+        default=[], description="names of the bench's environment variables handed to containers (`HF_TOKEN`); "
+                                "their values are masked in every file the bench writes")
+    hub_cache: str | None = Field(
+        default=None, description="host folder of the Hugging Face cache: hub ids resolve into its `hub/`, and "
+                                  "containers mount it")
+    boot_timeout_s: float = Field(default=600.0, gt=0, le=86_400,
+                                  description="seconds from start to `/health` before `boot_timeout`")
+    shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3_600,
+                                      description="seconds between SIGTERM and SIGKILL at a server's stop")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -295,19 +342,24 @@ class Server(Strict):
 
 
 class Ulimit(Strict):
-    name: Literal["memlock", "stack", "nofile", "core"]
-    soft: int
-    hard: int
+    name: Literal["memlock", "stack", "nofile", "core"] = Field(description="the limit's name")
+    soft: int = Field(description="the soft limit")
+    hard: int = Field(description="the hard limit")
 
 
 class DockerOptions(Strict):
     """How a platform's containers get at its accelerators and shared memory."""
 
-    gpus: Literal["all", "none"] | int = "none"  # a device request, like `docker run --gpus`
-    runtime: str | None = None  # "nvidia" on Jetson (AGX Thor), where --gpus is not used
-    ipc_host: bool = False
-    shm_size: str = Field(default="1g", pattern=r"^[0-9]+[bkmg]?$")  # vLLM's engine dies with 64m
-    ulimits: list[Ulimit] = []
+    gpus: Literal["all", "none"] | int = Field(
+        default="none", description="a device request like `docker run --gpus`, used when no device set was given "
+                                    "to the server")
+    runtime: str | None = Field(
+        default=None, description="the container runtime: `nvidia` on Jetson (AGX Thor), where `--gpus` is not "
+                                  "used")
+    ipc_host: bool = Field(default=False, description="`--ipc=host`")
+    shm_size: str = Field(default="1g", pattern=r"^[0-9]+[bkmg]?$",
+                          description="shared memory size (vLLM's engine dies with docker's 64m)")
+    ulimits: list[Ulimit] = Field(default=[], description="ulimits of the containers")
 
 
 class SlurmProfile(Strict):
@@ -315,32 +367,40 @@ class SlurmProfile(Strict):
     the site's partition, account and limits for that kind of node. A flag given on the command
     line wins over the profile; `sbatch_args` come first, the command line's after them."""
 
-    partition: str | None = None
-    account: str | None = None
-    time_limit: str | None = None  # sbatch --time, per job: "30", "1:00:00", "1-0"
-    cpus_per_job: int | None = Field(default=None, ge=1)
-    mem: str | None = Field(default=None, pattern=r"^[0-9]+[KMGT]?$")  # sbatch --mem
-    sbatch_args: list[str] = []
+    partition: str | None = Field(default=None, description="sbatch `--partition`")
+    account: str | None = Field(default=None, description="sbatch `--account`")
+    time_limit: str | None = Field(
+        default=None, description="sbatch `--time`, per job: `30`, `1:00:00`, `1-0`")
+    cpus_per_job: int | None = Field(default=None, ge=1, description="sbatch `--cpus-per-task`")
+    mem: str | None = Field(default=None, pattern=r"^[0-9]+[KMGT]?$", description="sbatch `--mem`")
+    sbatch_args: list[str] = Field(default=[], description="more sbatch options, before the command line's")
 
 
 class Platform(Strict):
     """A platform profile: what the host looks like, how to run on it (bench/profiles/NAME.yaml,
     or platforms/NAME.yaml beside a matrix)."""
 
-    name: Name
-    description: str = ""
-    arch: Literal["x86_64", "aarch64"] | None = None  # None: any
-    gpu_name: str | None = None  # a regex over nvidia-smi's GPU names; None: no GPU needed
-    unified_memory: bool = False
-    docker: DockerOptions = DockerOptions()
-    env: dict[str, str] = {}
-    runner_labels: list[str] = []
+    name: Name = Field(description="the profile's name, as the matrix's `platforms` names it (= the file's name)")
+    description: str = Field(default="", description="what the platform is, for people")
+    arch: Literal["x86_64", "aarch64"] | None = Field(
+        default=None, description="the host architecture it runs on; `null`: any")
+    gpu_name: str | None = Field(
+        default=None, description="a regex over nvidia-smi's GPU names; `null`: no GPU needed")
+    unified_memory: bool = Field(
+        default=False, description="GPU and CPU share memory (GB10): the bench waits for memory to come back "
+                                   "before each fresh server")
+    docker: DockerOptions = Field(default=DockerOptions(), description="how its containers are started")
+    env: dict[str, str] = Field(default={}, description="environment variables for every server on it")
+    runner_labels: list[str] = Field(default=[], description="the CI runner labels of its hosts "
+                                                             "(`regbench plan --format github-matrix`)")
     # The host's devices that cells may be given, one server's worth each at a time (bench.serve.slots).
     # Empty: cells run one after another with whatever the platform gives them (the default).
     # GPUs by CUDA index; on the CPU platform CPU numbers, each server pinned to its own.
-    devices: list[Annotated[str, Field(pattern=r"^[0-9]{1,4}$")]] = []
-    device_kind: Literal["gpu", "cpu"] = "gpu"
-    slurm: SlurmProfile = SlurmProfile()
+    devices: list[Annotated[str, Field(pattern=r"^[0-9]{1,4}$")]] = Field(
+        default=[], description="the host's devices that cells may be given, one server's worth each at a time "
+                                "(GPUs by CUDA index, or CPU numbers); empty: cells run one after another")
+    device_kind: Literal["gpu", "cpu"] = Field(default="gpu", description="what `devices` number")
+    slurm: SlurmProfile = Field(default=SlurmProfile(), description="sbatch defaults under `--executor slurm`")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -363,8 +423,8 @@ class Detect(Strict):
     """The failure to be able to see: one that happens in `rate` of fresh starts, seen at least
     once with probability `confidence`."""
 
-    rate: float = Field(gt=0, le=1)
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    rate: float = Field(gt=0, le=1, description="the failure rate to see, per fresh server")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="the probability of seeing it at least once")
 
 
 # The launcher back-ends a matrix can name (their code: bench.serve.launchers.BACKENDS), and the image
@@ -374,29 +434,44 @@ IMAGE_FIELDS_NEEDED: dict[str, tuple[str, ...]] = {"local": (), "docker": ("ref"
 
 
 class Config(Strict):
-    name: Name
-    launcher: LauncherName = "local"
-    models: list[Model] = Field(min_length=1)
-    load_formats: list[LoadFormat] = Field(min_length=1)
-    platforms: list[Name] = Field(default=["cpu"], min_length=1)
-    images: list[Image] = Field(min_length=1)
+    name: Name = Field(description="the matrix's name")
+    launcher: LauncherName = Field(default="local", description="how servers are run: `local` processes or "
+                                                                "`docker` containers")
+    models: list[Model] = Field(min_length=1, description="the model axis")
+    load_formats: list[LoadFormat] = Field(min_length=1, description="the load format axis")
+    platforms: list[Name] = Field(
+        default=["cpu"], min_length=1,
+        description="the platform axis: profile names, from `platforms/NAME.yaml` beside the matrix or the shipped "
+                    "`bench/profiles/`; a run takes the cells of the platforms the host matches")
+    images: list[Image] = Field(min_length=1, description="the image axis: container images, or local "
+                                                          "environment variants")
     # An int, or "auto": as many as `detect` needs to see a failure of that rate at least once.
-    repeats: int | Literal["auto"] = Field(default=1)
-    detect: Detect | None = None
-    early_stop: bool = False  # stop repeating a cell once its verdict can no longer change
-    baseline: BaselineRule | None = None  # in YAML also a load format's name alone
-    comparison: Comparison = Comparison()
-    reference_text: ReferenceText = ReferenceText()
-    include: list[CellFilter] = []
-    exclude: list[CellFilter] = []
-    workload: Workload
-    server: Server = Server()
-    preflight: bool = True  # inspect and audit the weights before the cells (bench/weights/preflight.py)
+    repeats: int | Literal["auto"] = Field(
+        default=1, description="fresh servers per cell (1..10000), or `auto`: as many as `detect` needs")
+    detect: Detect | None = Field(default=None, description="the failure `repeats: auto` must be able to see")
+    early_stop: bool = Field(
+        default=False, description="stop repeating a cell once its verdict can no longer change")
+    baseline: BaselineRule | None = Field(
+        default=None, description="which cell each cell is compared with token by token: a load format's name, or "
+                                  "a rule over the axes")  # in YAML also a load format's name alone
+    comparison: Comparison = Field(default=Comparison(), description="how outputs are compared for divergence and "
+                                                                     "nondeterminism")
+    reference_text: ReferenceText = Field(default=ReferenceText(), description="the reference-text probe")
+    include: list[CellFilter] = Field(default=[], description="only the cells matching one of these filters")
+    exclude: list[CellFilter] = Field(default=[], description="not the cells matching one of these filters")
+    workload: Workload = Field(description="what each run sends")
+    server: ServerSettings = Field(default=ServerSettings(), description="settings for every server")
+    preflight: bool = Field(
+        default=True, description="inspect and audit the weights before the cells (bench/weights/preflight.py)")
     # Folders of the user's own known-issue signatures (*.yaml), besides the shipped ones
     # (bench/signatures/); a user's signature with a shipped one's id replaces it.
-    signatures: list[str] = []
+    signatures: list[str] = Field(
+        default=[], description="folders of your own known-issue signatures (`*.yaml`), besides the shipped ones; "
+                                "one with a shipped one's id replaces it")
     # Filled in from the profiles by load_config; written out with the config as run.
-    profiles: list[Platform] = []
+    profiles: list[Platform] = Field(
+        default=[], description="filled in from the platform profiles by the loader and written out with the "
+                                "config as run; not written by hand")
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -420,6 +495,8 @@ class Config(Strict):
         return self.repeats
 
     def profile(self, name: str) -> Platform:
+        """The platform's profile; the defaults for a matrix parsed without any (no file to find
+        them beside: tests, a matrix built in code). A cell carries its own (Cell.profile)."""
         return next((p for p in self.profiles if p.name == name), Platform(name=name))
 
     @model_validator(mode="after")
@@ -428,6 +505,11 @@ class Config(Strict):
             raise ValueError("repeats: auto needs `detect: {rate: P, confidence: C}`")
         if self.repeats == "auto" and self.repeat_count > 10_000:
             raise ValueError(f"detect asks for {self.repeat_count} repeats per cell; at most 10000")
+        named = {p.name for p in self.profiles}
+        if self.profiles and set(self.platforms) - named:
+            # A matrix with profiles has one for every platform (bench.store.matrixfile.load_config resolves them all):
+            # a platform without one would run with a blank profile, its devices and env lost.
+            raise ValueError(f"platforms {sorted(set(self.platforms) - named)} have no profile in `profiles`")
         for field in IMAGE_FIELDS_NEEDED[self.launcher]:
             missing = [i.name for i in self.images if getattr(i, field) is None]
             if missing:
@@ -460,7 +542,7 @@ class Config(Strict):
         return self.baseline
 
 
-def _format_error(err: ErrorDetails) -> str:
+def format_error(err: ErrorDetails) -> str:
     path = ".".join(str(part) for part in err["loc"]) or "(top level)"
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
@@ -472,92 +554,8 @@ def parse_config(data: object, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = [_format_error(e) for e in exc.errors(include_url=False)]
+        lines = [format_error(e) for e in exc.errors(include_url=False)]
         raise ConfigError(f"{source}: invalid matrix\n  " + "\n  ".join(lines)) from None
-
-
-def _read_yaml_mapping(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, not {type(data).__name__}")
-    return data
-
-
-# Profiles shipped with regbench, used when the config's folder has no platforms/ of its own.
-# Package data (bench/profiles/), so that an installed regbench resolves them too.
-SHIPPED_PLATFORMS = Path(__file__).resolve().parent.parent / "profiles"
-
-
-def load_platform(name: str, base: Path) -> Platform:
-    for folder in (base / "platforms", SHIPPED_PLATFORMS):
-        path = folder / f"{name}.yaml"
-        if path.exists():
-            data = _read_yaml_mapping(path)
-            try:
-                profile = Platform.model_validate(data)
-            except ValidationError as exc:
-                lines = [_format_error(e) for e in exc.errors(include_url=False)]
-                raise ConfigError(f"{path}: invalid platform profile\n  " + "\n  ".join(lines)) from None
-            if profile.name != name:
-                raise ConfigError(f"{path}: names platform {profile.name!r}, expected {name!r}")
-            return profile
-    raise ConfigError(f"unknown platform {name!r}: no {name}.yaml in {base / 'platforms'} or {SHIPPED_PLATFORMS}")
-
-
-def load_config(path: str | Path) -> Config:
-    """Reads and validates a matrix file; relative paths in it are resolved against its folder,
-    and each platform name is resolved to its profile."""
-    path = Path(path)
-    data = _read_yaml_mapping(path)
-    config = parse_config(data, str(path))
-    base = Path(os.path.abspath(path)).parent
-    if not config.profiles:
-        config = config.model_copy(update={"profiles": [load_platform(n, base) for n in config.platforms]})
-    return resolve_paths(config, base, str(path))
-
-
-def _command(value: str, base: Path) -> str:
-    # A bare name ("python3") is looked up on PATH when the server starts, like a shell would.
-    # normpath, not resolve(): a venv's python is a symlink that must not be followed.
-    return value if "/" not in value else os.path.normpath(base / value)
-
-
-def resolve_paths(config: Config, base: Path, source: str = "<config>") -> Config:
-    """Makes local paths absolute. A model path that does not exist locally is kept as a hub id
-    (org/name), unless it looks local (./, ../, /, ~): then it is a config error naming the key,
-    not a hub id that vLLM would try to fetch."""
-
-    def model_path(i: int, p: str) -> str:
-        local = Path(os.path.normpath(base / os.path.expanduser(p)))
-        if local.exists():
-            return str(local)
-        if p.startswith((".", "/", "~")):
-            raise ConfigError(f"{source}: models.{i}.path: {p!r} looks like a local path, and {local} does not exist "
-                              "(a hub id has the form org/name)")
-        return p
-
-    return config.model_copy(
-        update={
-            "models": [m.model_copy(update={"path": model_path(i, m.path)}) for i, m in enumerate(config.models)],
-            "signatures": [os.path.normpath(base / d) for d in config.signatures],
-            "images": [
-                i.model_copy(
-                    update={
-                        "python": _command(i.python, base),
-                        "pythonpath": [os.path.normpath(base / p) for p in i.pythonpath],
-                    }
-                )
-                for i in config.images
-            ],
-        }
-    )
 
 
 def with_image_refs(config: Config, pairs: list[str]) -> Config:

@@ -13,33 +13,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import combinations
 
-from pydantic import BaseModel, ConfigDict
-
 from bench.core.compare import AXES
-from bench.core.records import CellSummary, Fingerprint
+from bench.core.records import CellSummary, Fingerprint, Record
 from bench.core.verdicts import Verdict
 
 _FIELDS = ("vllm", "runai_model_streamer", "torch", "cuda", "transformers", "flashinfer", "triton", "nccl",
            "modelopt", "cudnn", "python", "arch", "gpu")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Neighbour(_Model):
+class Neighbour(Record):
     axis: str
     value: str  # the neighbour's value on that axis
     cell_id: str
 
 
-class FingerprintDifference(_Model):
+class FingerprintDifference(Record):
     field: str
     failing: list[str]  # values in the failing cells' environments
     passing: list[str]  # values in the passing cells' environments
 
 
-class Contrast(_Model):
+class Contrast(Record):
     cell_id: str
     only_with: dict[str, str]  # {} when no set of its values separates it (a failing cell's
     # twin on every axis passes, or nothing passes at all)

@@ -10,8 +10,10 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from bench.core.config import ReferenceText, Workload
+from bench.core.config import Prompt, ReferenceText, Workload
+from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
 from bench.core.matrix import Cell
 from bench.core.perf import cell_perf
 from bench.core.records import (
@@ -25,10 +27,12 @@ from bench.core.records import (
     RunResult,
     ServerMetrics,
     ServerOutcome,
+    Summary,
     TokenDiff,
 )
+from bench.core.results import Results
 from bench.core.stats import verdict, wilson_interval
-from bench.core.tokens import EXACT, Comparator, Output, rank_in
+from bench.core.tokens import EXACT, Comparator, Output, comparator_for, rank_in
 from bench.core.verdicts import (
     NOT_RUNNABLE,
     CounterMismatch,
@@ -36,6 +40,7 @@ from bench.core.verdicts import (
     ExitEpisode,
     ExpectationMissed,
     Finding,
+    OverLength,
     Reason,
     ReferenceLikelihood,
     RepeatedToken,
@@ -43,6 +48,7 @@ from bench.core.verdicts import (
     ServerExit,
     TokenCount,
     TokenDivergence,
+    TwinsDiffer,
     UsageMismatch,
     Verdict,
 )
@@ -80,7 +86,12 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
     tokens = req.completion_tokens
     text = req.text or ""
     if text == "":
-        out.append(finding(Reason.EMPTY_TEXT, EmptyText(completion_tokens=tokens, finish_reason=req.finish_reason)))
+        out.append(finding(Reason.EMPTY_TEXT, EmptyText(completion_tokens=tokens, finish_reason=req.finish_reason,
+                                                        absent=req.text is None)))
+    ids_given = len(req.token_ids) if req.token_ids is not None else None
+    if max((n for n in (tokens, ids_given) if n is not None), default=0) > workload.max_tokens:
+        out.append(finding(Reason.OVER_MAX_TOKENS, OverLength(usage_tokens=tokens, token_ids=ids_given,
+                                                              max_tokens=workload.max_tokens)))
     if tokens is not None:
         if tokens == 1 and workload.min_tokens > 1:
             out.append(finding(Reason.ONE_TOKEN, TokenCount(completion_tokens=1, min_tokens=workload.min_tokens)))
@@ -109,7 +120,7 @@ _ALWAYS = re.compile(r"UnicodeDecodeError")
 _IGNORED = re.compile(r"Exception ignored in")
 # A chained traceback belongs to the episode before it.
 _CHAINED = re.compile(r"During handling of the above exception|The above exception was the direct cause")
-# What vLLM 0.32 prints on a normal SIGTERM (measured; see README "Exit-time scan"). An episode
+# What vLLM 0.32 prints on a normal SIGTERM (measured; see docs/judged.md, "Exit-time scan"). An episode
 # is benign only if one of these matches it; anything else in the shutdown phase is a finding.
 BENIGN_SHUTDOWN_NOISE: tuple[re.Pattern[str], ...] = (
     # The API server's output handler notices the engine going away first.
@@ -222,15 +233,59 @@ def judge_server_counters(metrics: ServerMetrics | None, requests: list[RequestR
         server_tokens=metrics.generation_tokens, client_tokens=received, requests=len(requests)))]
 
 
+def _content(prompt: Prompt) -> str:
+    """What a request asks, whatever its id, whether it streams and what is expected of it."""
+    return prompt.model_dump_json(include={"kind", "prompt", "messages"})
+
+
+def _first_text_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: Comparator = EXACT) -> list[Finding]:
+    """Requests of one run with the same content must get the same tokens (inconsistent_output):
+    each against the first of its kind in workload order."""
+    content = {p.id: _content(p) for p in workload.prompts}
+    first: dict[str, RequestRecord] = {}
+    out = []
+    order = {p.id: i for i, p in enumerate(workload.prompts)}
+    for req in sorted(requests, key=lambda r: order.get(r.prompt_id, len(order))):
+        key = content.get(req.prompt_id)
+        mine = req.output
+        if key is None or mine is None:
+            continue
+        ref = first.setdefault(key, req)
+        theirs = ref.output
+        if ref is req or theirs is None:
+            continue
+        pos = comparator.first_difference(mine, theirs)
+        if pos is None and (req.text or "") != (ref.text or ""):
+            # The same tokens told as other text: the text was made wrong after generation (a
+            # detokenizer or a stream that repeats the prompt, vllm#48853).
+            pos = _first_text_difference(req.text or "", ref.text or "")
+            out.append(Finding(reason=Reason.INCONSISTENT_OUTPUT, prompt_id=req.prompt_id, evidence=TwinsDiffer(
+                other_prompt_id=ref.prompt_id, position=pos, streamed=req.stream, other_streamed=ref.stream,
+                this_text=(req.text or "")[max(0, pos - 20):pos + 40], other_text=(ref.text or "")[max(0, pos - 20):pos + 40])))
+            continue
+        if pos is not None:
+            out.append(Finding(reason=Reason.INCONSISTENT_OUTPUT, prompt_id=req.prompt_id, evidence=TwinsDiffer(
+                other_prompt_id=ref.prompt_id, position=pos,
+                token=mine.ids[pos] if pos < len(mine.ids) else None,
+                other_token=theirs.ids[pos] if pos < len(theirs.ids) else None,
+                streamed=req.stream, other_streamed=ref.stream)))
+    return out
+
+
 def judge_run(
     outcome: ServerOutcome, requests: Iterable[RequestRecord], workload: Workload, shutdown_log: str, log_tail: str,
     reference: ReferenceScore | None = None, probe: ReferenceText | None = None,
-    metrics: ServerMetrics | None = None,
+    metrics: ServerMetrics | None = None, comparator: Comparator = EXACT,
 ) -> list[Finding]:
     requests = list(requests)
     findings = judge_server(outcome, shutdown_log, log_tail)
     for req in sorted(requests, key=lambda r: r.prompt_id):
         findings.extend(judge_request(req, workload))
+    findings.extend(judge_twins(requests, workload, comparator))
     findings.extend(judge_server_counters(metrics, requests))
     if probe is not None:
         findings.extend(judge_reference(reference, probe))
@@ -392,6 +447,7 @@ def judge_cell(
         shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
         for repeat in per_run:
             per_run[repeat], set_aside[repeat] = set_aside_probes(per_run[repeat], shared)
+    pending = cell.baseline_id is not None and (baseline is None or not baseline.outputs)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
     failures = sum(1 for rs in run_reasons.values() if rs)
     reasons = Counter(reason for rs in run_reasons.values() for reason in rs)
@@ -438,7 +494,7 @@ def judge_cell(
         comparator=comparator.name,
         reference_nll=[r.reference.mean_nll for r in judged if r.reference is not None],
         run_results=[
-            RunResult(repeat=repeat, reasons=rs, divergence=diverged.get(repeat, []))
+            RunResult(repeat=repeat, reasons=rs, divergence=diverged.get(repeat, []), baseline_pending=pending)
             for repeat, rs in run_reasons.items()
         ],
     )
@@ -461,3 +517,89 @@ def apply_cell_checks(summary: CellSummary, runs: list[RunRecord], audit: Prefli
             verdict = Verdict.FLAKY
         example = example or f"repeats ran {len(images)} different images: {sorted(images)}"
     return summary.model_copy(update={"reasons": dict(sorted(reasons.items())), "verdict": verdict, "example": example})
+
+
+def exit_code(cells: list[CellSummary], interrupted: bool) -> int:
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_PASS if all(c.verdict == Verdict.PASS for c in cells) else EXIT_FAIL
+
+
+def judge(results: Results, comparator: Comparator | None = None, only: Iterable[str] | None = None) -> Summary:
+    """The verdicts of a run: every planned cell judged over its runs, against its baseline.
+
+    The one place a cell's verdict is derived; the runner (at the end and for its progress
+    line), `report`, `compare`, `diagnose`, `merge` and the Slurm collection all call it.
+    `comparator`: the config's (`comparison`) unless given, e.g. to judge a run again under
+    another rule. `only`: judge just these cells (their baselines are still read), as the
+    progress line does after each run."""
+    config = results.config
+    cmp = comparator or comparator_for(config.comparison.mode, config.comparison.top_k)
+    cells = results.cells()
+    if only is not None:
+        wanted = set(only)
+        cells = [c for c in cells if c.id in wanted]
+    audits = {(p.model, p.image, p.load_format): p for p in results.preflights if p.kind == "audit"}
+    # Many cells share one baseline: work it out once.
+    baselines: dict[str, Baseline] = {}
+    out = []
+    for cell in cells:
+        baseline = None
+        if cell.baseline_id is not None:
+            if cell.baseline_id not in baselines:
+                baselines[cell.baseline_id] = baseline_of(
+                    results.runs_of(cell.baseline_id), results.requests_of(cell.baseline_id))
+            baseline = baselines[cell.baseline_id]
+        runs = results.runs_of(cell.id)
+        summary = judge_cell(cell, runs, results.requests_of(cell.id), baseline, cmp, cell.reference_text)
+        out.append(apply_cell_checks(summary, runs, audits.get((cell.model.name, cell.image.name, cell.load_format.name))))
+    started, finished = results.span()
+    interrupted = results.interrupted()
+    return Summary(
+        run_id=results.run_id,
+        config_name=config.name,
+        started_at=started,
+        finished_at=finished,
+        interrupted=interrupted,
+        cells=out,
+        exit_code=exit_code(out, interrupted),
+        preflight=list(results.preflights),
+    )
+
+
+def run_counts(record: RunRecord) -> bool | None:
+    """Whether a finished run counts as a failure of its cell now, for early stop; None when it
+    cannot be known yet: a known answer or the reference ceiling missed alone counts only where
+    the baseline meets it (set_aside_probes), which is judged at the end."""
+    if record.findings and all(probe_key(f) is not None for f in record.findings):
+        return None
+    return bool(record.findings)
+
+
+class RunMark(StrEnum):
+    """A finished run as the progress line shows it, before the cell's verdict."""
+
+    PASSED = "passed"  # nothing against it that the cell's verdict could contradict
+    FAILED = "failed"
+    PENDING = "pending"  # only what the baseline decides: a probe it may miss too, or no reference yet
+    INTERRUPTED = "interrupted"
+
+
+def run_mark(record: RunRecord, divergence: list[TokenDiff] | None) -> tuple[RunMark, list[str]]:
+    """How one run stands as soon as it ends, and what is against it: its own findings' reasons,
+    its divergence from the baseline, then the probes it missed. `divergence`: as judge() found
+    it (RunResult.divergence), None while the baseline has no clean run to compare with."""
+    if record.interrupted:
+        return RunMark.INTERRUPTED, []
+    probes = [f for f in record.findings if probe_key(f) is not None]
+    reasons = sorted({str(f.reason) for f in record.findings if probe_key(f) is None})
+    if divergence:
+        first = min(divergence, key=lambda d: d.position)
+        reasons.append(f"divergence from baseline at token {first.position} ({first.prompt_id})")
+    if reasons:
+        return RunMark.FAILED, reasons + sorted({str(f.reason) for f in probes})
+    if probes:
+        return RunMark.PENDING, sorted({f.prompt_id or "reference text" for f in probes})
+    if divergence is None:
+        return RunMark.PENDING, []
+    return RunMark.PASSED, []

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict
+from bench.core.records import Record
 
 
-class _Fact(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class LoaderProgress(_Fact):
+class LoaderProgress(Record):
     """The last state of one of vLLM's weight-loading progress bars."""
 
     loader: str  # "Runai Model Streamer", "checkpoint shards", ...
@@ -32,12 +28,12 @@ class LoaderProgress(_Fact):
         return self.done < self.total
 
 
-class Traceback(_Fact):
+class Traceback(Record):
     exception: str  # "UnicodeDecodeError: 'utf-8' codec can't decode byte ..."
     frames: list[str]  # innermost last: "torch/library.py:123 in _clear_torch_ops_cache"
 
 
-class LogFacts(_Fact):
+class LogFacts(Record):
     loaders: list[LoaderProgress] = []
     weights_load_s: float | None = None  # "Loading weights took 0.01 seconds"
     kv_cache_tokens: int | None = None  # "KV cache size: 46,592 tokens"

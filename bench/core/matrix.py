@@ -6,20 +6,38 @@ from itertools import product
 
 from pydantic import BaseModel, ConfigDict
 
-from bench.core.config import CellFilter, Config, ConfigError, Image, LoadFormat, Model
+from bench.core.config import (
+    CellFilter,
+    Comparison,
+    Config,
+    ConfigError,
+    Image,
+    LoadFormat,
+    Model,
+    Platform,
+    ReferenceText,
+    ServerSettings,
+    Workload,
+)
 
 
 class Cell(BaseModel):
-    """One point of the matrix; each of its repeats gets a fresh server."""
+    """One point of the matrix, resolved: everything a stage needs to start, load, query and judge
+    its servers is on it, so no stage looks the matrix up again. Each repeat gets a fresh server."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str
     model: Model
     load_format: LoadFormat
-    platform: str
+    platform: str  # the platform's name; its profile is `profile`
     image: Image
     repeats: int
+    profile: Platform
+    server: ServerSettings
+    workload: Workload
+    comparison: Comparison
+    reference_text: ReferenceText
     is_baseline: bool = False
     # The cell this one is compared with token by token; None for baselines and when excluded.
     baseline_id: str | None = None
@@ -71,6 +89,11 @@ def expand(config: Config) -> list[Cell]:
                 platform=platform,
                 image=image,
                 repeats=config.repeat_count,
+                profile=config.profile(platform),
+                server=config.server,
+                workload=config.workload,
+                comparison=config.comparison,
+                reference_text=config.reference_text,
                 is_baseline=is_baseline,
                 baseline_id=baseline,
             )

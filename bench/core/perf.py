@@ -28,10 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from bench.core.logfacts import LogFacts
-from bench.core.records import MetricSummary, RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome
+from bench.core.records import MetricSummary, Record, RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome
 
 MIN_RUNS = 3
 BOOTSTRAP = 2000
@@ -79,11 +77,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
 ]}
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SlowdownCheck(_Record):
+class SlowdownCheck(Record):
     metric: str
     a: float  # median of A's per-run values
     b: float

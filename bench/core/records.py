@@ -153,10 +153,6 @@ class RunRecord(Record):
     findings: list[Finding] = []
     interrupted: bool = False
 
-    @property
-    def failed(self) -> bool:
-        return bool(self.findings)
-
 
 # Slurm job states that are over (scontrol's JobState).
 JOB_DONE_STATES = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -240,6 +236,9 @@ class RunResult(Record):
     repeat: int
     reasons: list[Reason] = []  # sorted, one entry per reason; empty = the run passed
     divergence: list[TokenDiff] = []  # against the baseline cell's first clean run
+    # The cell has a baseline with no clean run yet: divergence is not known (the progress line
+    # after each run; at the end of a run, a baseline without one compares nothing).
+    baseline_pending: bool = False
 
     @property
     def failed(self) -> bool:

@@ -12,9 +12,12 @@ Per request (bench.core.judge.judge_request)
     non_finite_output    the server computed NaN or infinite values and could not even encode its
                          answer: an HTTP error whose body says so ("Out of range float values are
                          not JSON compliant" when logprobs are asked for); the evidence has it
-    empty_text           the completion's text is ""
+    empty_text           the completion's text is "", or absent (null) altogether: the evidence
+                         says which
     one_token            exactly one completion token although min_tokens asked for more
     short_output         fewer completion tokens than min_tokens
+    over_max_tokens      more completion tokens than max_tokens, by usage or by the returned ids
+                         (vllm#28172: an off-by-one in the length check)
     usage_text_mismatch  usage counts tokens that the text does not show (tokens > 0, text ""),
                          or the returned token ids disagree with usage.completion_tokens
     degenerate           every generated token id is the same one (a model without weights
@@ -24,6 +27,16 @@ Per request (bench.core.judge.judge_request)
                          it catches a model that lost part of its weights and talks fluently.
                          Not counted when the baseline cell misses the same answer too and
                          nothing corroborates it (see "Absolute probes" below)
+
+Per run: requests of the same content (bench.core.judge.judge_twins)
+    inconsistent_output  two requests of one run with the same content (kind, prompt or messages;
+                         streamed or not) got different token ids, as the cell's comparator sees
+                         it: the same server answered one question two ways. Greedy decoding
+                         must not depend on streaming (vllm#48853), on a prefix-cache hit for the
+                         second of them (vllm#5543) or on what else was in the batch (vllm#27034).
+                         The evidence names both prompts and the first differing token; the
+                         same tokens told as other text count too (a detokenizer, or a stream
+                         that repeats the prompt), with both texts there
 
 Per run: the reference-text probe (bench.core.judge.judge_reference)
     reference_nll        the server found the config's fixed passage unlikely: its mean negative
@@ -119,8 +132,10 @@ class Reason(StrEnum):
     EMPTY_TEXT = "empty_text"
     ONE_TOKEN = "one_token"
     SHORT_OUTPUT = "short_output"
+    OVER_MAX_TOKENS = "over_max_tokens"
     USAGE_TEXT_MISMATCH = "usage_text_mismatch"
     DEGENERATE = "degenerate"
+    INCONSISTENT_OUTPUT = "inconsistent_output"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -147,6 +162,7 @@ class Verdict(StrEnum):
         return self in (Verdict.FAIL, Verdict.FLAKY)
 
 
+# The same config as bench.core.records.Record, which cannot be the base here: records imports this module.
 class _Evidence(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -169,9 +185,11 @@ class EmptyText(_Evidence):
     kind: Literal["empty_text"] = "empty_text"
     completion_tokens: int | None
     finish_reason: str | None
+    absent: bool = False  # the answer had no text at all (null), not even ""
 
     def text(self) -> str:
-        return f"empty text ({self.completion_tokens} tokens, finish_reason {self.finish_reason})"
+        what = "no text (null)" if self.absent else "empty text"
+        return f"{what} ({self.completion_tokens} tokens, finish_reason {self.finish_reason})"
 
 
 class TokenCount(_Evidence):
@@ -185,6 +203,43 @@ class TokenCount(_Evidence):
         if self.completion_tokens == 1:
             return "1 completion token"
         return f"{self.completion_tokens} < min_tokens {self.min_tokens}"
+
+
+class OverLength(_Evidence):
+    """over_max_tokens."""
+
+    kind: Literal["over_length"] = "over_length"
+    usage_tokens: int | None
+    token_ids: int | None
+    max_tokens: int
+
+    def text(self) -> str:
+        got = max(n for n in (self.usage_tokens, self.token_ids) if n is not None)
+        return f"{got} tokens > max_tokens {self.max_tokens} (usage {self.usage_tokens}, ids {self.token_ids})"
+
+
+class TwinsDiffer(_Evidence):
+    """inconsistent_output."""
+
+    kind: Literal["twins_differ"] = "twins_differ"
+    other_prompt_id: str  # the request it should equal (the finding's prompt_id is the later one)
+    position: int  # first differing token, 0-based; or character, when the tokens agree and the text does not
+    token: int | None = None  # this request's id there (None: it ended first)
+    other_token: int | None = None
+    streamed: bool
+    other_streamed: bool
+    # Set when the token ids agree and the text differs: both texts around `position`.
+    this_text: str | None = None
+    other_text: str | None = None
+
+    def text(self) -> str:
+        how = "" if self.streamed == self.other_streamed else \
+            f" ({'streamed' if self.streamed else 'not streamed'} vs {'streamed' if self.other_streamed else 'not'})"
+        if self.this_text is not None:
+            return (f"the same tokens as {self.other_prompt_id}, the same request, but other text from character "
+                    f"{self.position}: {self.this_text!r} vs {self.other_text!r}{how}")
+        return (f"differs from {self.other_prompt_id}, the same request, at token {self.position}: "
+                f"{self.token} vs {self.other_token}{how}")
 
 
 class UsageMismatch(_Evidence):
@@ -335,8 +390,8 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | UsageMismatch | RepeatedToken | ExpectationMissed | ServerExit
-    | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch | Note,
+    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | RepeatedToken | ExpectationMissed
+    | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch | Note,
     Field(discriminator="kind"),
 ]
 
@@ -364,4 +419,5 @@ class Finding(BaseModel):
         return f"{self.prompt_id}: {text}" if self.prompt_id and isinstance(self.evidence, _PROMPT_PREFIXED) else text
 
 
-_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, UsageMismatch, RepeatedToken, ExpectationMissed, TokenDivergence)
+_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, OverLength, UsageMismatch, RepeatedToken, ExpectationMissed,
+                    TwinsDiffer, TokenDivergence)

@@ -34,8 +34,7 @@ from __future__ import annotations
 from enum import StrEnum
 from itertools import pairwise
 
-from pydantic import BaseModel, ConfigDict
-
+from bench.core.records import Record
 from bench.core.stats import detection_probability, repeats_needed
 from bench.core.verdicts import Reason
 
@@ -91,10 +90,6 @@ def cell_kind(reasons: set[Reason]) -> Kind:
     if Reason.WEIGHTS_LOST in reasons:
         return Kind.LOSES_WEIGHTS
     return Kind.WRONG_OUTPUTS if reasons else Kind.PASSES
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Outcome(Record):

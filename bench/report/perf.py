@@ -3,8 +3,11 @@ the distributions (boot, weight loading, TTFT, ITL) per cell for report.html. Pu
 
 from __future__ import annotations
 
+from markupsafe import Markup
+
 from bench.core.perf import METRICS, fmt
 from bench.core.records import CellSummary, MetricSummary
+from bench.report.svg import strip
 
 TABLE = ("boot_s", "weights_load_s", "load_gb_s", "ttft_s", "itl_s", "latency_s", "throughput_tok_s", "peak_rss_bytes")
 GPU_COLUMN = "peak_gpu_bytes"  # shown when some cell measured it (nvidia-smi on the host)
@@ -37,11 +40,6 @@ def perf_markdown(cells: list[CellSummary]) -> list[str]:
         lines.append(f"| `{c.cell_id}` | {runs} | " + " | ".join(_figure(c.perf.get(m), m) for m in table) + " |")
     return lines
 
-
-def _e(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
 LABEL_CHARS = 48  # what fits left of the axis at 10 px
 
 
@@ -66,30 +64,7 @@ def short_labels(cell_ids: list[str]) -> list[str]:
     return labels
 
 
-def strip_svg(title: str, unit: str, rows: list[tuple[str, list[float]]]) -> str:
-    """One row per cell, a dot per sample on a shared axis from 0 to the largest value, and a tick at each row's median."""
-    values = [v for _, vs in rows for v in vs]
-    if not values:
-        return ""
-    vmax = max(values) or 1.0
-    w, left, right, row_h, top = 760, 300, 16, 18, 24
-    h = top + row_h * len(rows) + 18
-    span = w - left - right
-    parts = [f'<svg class="plot strip" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{_e(title)}">',
-             f'<text x="6" y="14" class="pt">{_e(title)}</text>',
-             f'<line x1="{left}" y1="{h - 16}" x2="{w - right}" y2="{h - 16}" class="axis"/>',
-             f'<text x="{left}" y="{h - 3}" class="xl">0</text>',
-             f'<text x="{w - right}" y="{h - 3}" class="xl end">{_e(fmt(vmax, unit))}</text>']
-    for i, ((label, vs), short) in enumerate(zip(rows, short_labels([label for label, _ in rows]), strict=True)):
-        y = top + i * row_h + row_h / 2
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="yl"><title>{_e(label)}</title>{_e(short)}</text>')
-        step = max(1, len(vs) // 400)  # a few hundred dots per row is enough to see a distribution
-        for v in sorted(vs)[::step]:
-            parts.append(f'<circle cx="{left + span * v / vmax:.1f}" cy="{y:.1f}" r="2" class="d-pass"/>')
-        if vs:
-            med = sorted(vs)[len(vs) // 2]
-            x = left + span * med / vmax
-            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 6:.1f}" y2="{y + 6:.1f}" class="med">'
-                         f"<title>{_e(label)}: median {_e(fmt(med, unit))}, {len(vs)} samples</title></line>")
-    parts.append("</svg>")
-    return "".join(parts)
+def strip_svg(title: str, unit: str, rows: list[tuple[str, list[float]]]) -> Markup:
+    """One row per cell, a dot per sample on a shared axis from 0 to the largest value, and a tick
+    at each row's median; empty when no row has a sample."""
+    return strip(title, unit, rows, short_labels([label for label, _ in rows]))

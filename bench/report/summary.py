@@ -1,5 +1,6 @@
-"""Report: records → per-cell verdicts → summary.json, summary.md, junit.xml, report.html and the
-console table. Pure: reading the records and log excerpts, and writing the files, is bench.store.publish."""
+"""Report: a judged run (bench.core.judge.judge) → summary.json, summary.md, junit.xml, report.html
+and the console table. Renders only; reading the records and log excerpts, and writing the files,
+is bench.store.publish."""
 
 from __future__ import annotations
 
@@ -8,92 +9,19 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from bench.core.config import Config, ReferenceText
 from bench.core.diagnosis import Diagnosis
-from bench.core.judge import Baseline, apply_cell_checks, baseline_of, judge_cell
-from bench.core.matrix import Cell
 from bench.core.records import (
     CellSummary,
     Fingerprint,
     JobRecord,
-    LogExcerpt,
-    PreflightRecord,
-    RequestRecord,
-    RunRecord,
     Summary,
 )
 from bench.core.stats import percent_range
-from bench.core.tokens import EXACT, Comparator, comparator_for
 from bench.core.verdicts import Verdict
 from bench.report.html import html_report
 from bench.report.junit import junit_xml
+from bench.report.model import Report
 from bench.report.perf import perf_markdown
-
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-def summarize_cells(
-    cells: list[Cell], runs: list[RunRecord], requests: list[RequestRecord],
-    preflights: Sequence[PreflightRecord] = (),
-    comparator: Comparator = EXACT,
-    probe: ReferenceText | None = None,
-) -> list[CellSummary]:
-    by_cell_runs: dict[str, list[RunRecord]] = {c.id: [] for c in cells}
-    by_cell_reqs: dict[str, list[RequestRecord]] = {c.id: [] for c in cells}
-    for r in runs:
-        by_cell_runs.setdefault(r.cell_id, []).append(r)
-    for q in requests:
-        by_cell_reqs.setdefault(q.cell_id, []).append(q)
-    audits = {(p.model, p.image, p.load_format): p for p in preflights if p.kind == "audit"}
-    out = []
-    # Many cells share one baseline: work it out once.
-    baselines: dict[str, Baseline] = {}
-    for cell in cells:
-        baseline = None
-        if cell.baseline_id is not None:
-            if cell.baseline_id not in baselines:
-                baselines[cell.baseline_id] = baseline_of(
-                    by_cell_runs.get(cell.baseline_id, []), by_cell_reqs.get(cell.baseline_id, []))
-            baseline = baselines[cell.baseline_id]
-        summary = judge_cell(cell, by_cell_runs[cell.id], by_cell_reqs[cell.id], baseline, comparator, probe)
-        out.append(apply_cell_checks(summary, by_cell_runs[cell.id], audits.get(
-            (cell.model.name, cell.image.name, cell.load_format.name))))
-    return out
-
-
-def exit_code(cells: list[CellSummary], interrupted: bool) -> int:
-    if interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_PASS if all(c.verdict == Verdict.PASS for c in cells) else EXIT_FAIL
-
-
-def summarize(
-    run_id: str,
-    config: Config,
-    cells: list[Cell],
-    runs: list[RunRecord],
-    requests: list[RequestRecord],
-    started_at: float,
-    finished_at: float,
-    interrupted: bool,
-    preflights: Sequence[PreflightRecord] = (),
-    comparator: Comparator | None = None,
-) -> Summary:
-    """`comparator`: the config's (`comparison`) unless given, e.g. to judge a run again under
-    another rule."""
-    cmp = comparator or comparator_for(config.comparison.mode, config.comparison.top_k)
-    cell_summaries = summarize_cells(cells, runs, requests, preflights, cmp, config.reference_text)
-    return Summary(
-        run_id=run_id,
-        config_name=config.name,
-        started_at=started_at,
-        finished_at=finished_at,
-        interrupted=interrupted,
-        cells=cell_summaries,
-        exit_code=exit_code(cell_summaries, interrupted),
-        preflight=list(preflights),
-    )
-
 
 _MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
 
@@ -289,25 +217,17 @@ def _pin(f: Fingerprint) -> str:
     return f"`{f.image_ref}` → `{pin}`" if pin and pin != f.image_ref else f"`{f.image_ref}`"
 
 
-def render_all(
-    summary: Summary,
-    runs: list[RunRecord],
-    requests: list[RequestRecord],
-    fingerprints: list[Fingerprint],
-    excerpts: list[LogExcerpt],
-    diagnosis: Diagnosis | None = None,
-    jobs: Sequence[JobRecord] = (),
-) -> dict[str, str]:
+def render_all(report: Report) -> dict[str, str]:
     """Every derived file of a results folder, by file name: one place for the runner and
     `regbench report` both."""
     files = {
-        "summary.json": summary.model_dump_json(indent=2) + "\n",
-        "summary.md": markdown(summary, fingerprints, diagnosis, jobs),
-        "junit.xml": junit_xml(summary, runs),
-        "report.html": html_report(summary, runs, requests, fingerprints, excerpts, diagnosis, jobs),
+        "summary.json": report.summary.model_dump_json(indent=2) + "\n",
+        "summary.md": markdown(report.summary, report.fingerprints, report.diagnosis, report.jobs),
+        "junit.xml": junit_xml(report.summary, report.all_runs),
+        "report.html": html_report(report),
     }
-    if diagnosis is not None:
-        files["diagnosis.json"] = diagnosis.model_dump_json(indent=2) + "\n"
+    if report.diagnosis is not None:
+        files["diagnosis.json"] = report.diagnosis.model_dump_json(indent=2) + "\n"
     return files
 
 

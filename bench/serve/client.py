@@ -94,6 +94,7 @@ class _Result:
         self.completion_tokens: int | None = None
         self.logprobs: list[TokenLogprobs] | None = None
         self.choices_seen = False
+        self.text_given = False
 
     def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
         self.choices_seen = True
@@ -102,6 +103,8 @@ class _Result:
         else:
             part = choice.text
         self.text.append(part or "")
+        # null on every choice is not "": the API left the text out (empty_text says which).
+        self.text_given = self.text_given or part is not None
         ids = _token_ids(choice)
         if streamed and (ids or part):
             self.token_times.append(time.perf_counter())
@@ -235,7 +238,7 @@ async def run_workload(
                         _send(client, model, prompt, workload, top_k, t0), workload.request_timeout_s
                     )
                     fields = dict(
-                        status=200, text="".join(r.text), token_ids=r.token_ids,
+                        status=200, text="".join(r.text) if r.text_given else None, token_ids=r.token_ids,
                         prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
                         finish_reason=r.finish_reason, logprobs=r.logprobs, **r.timings(),
                     )

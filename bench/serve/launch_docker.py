@@ -55,18 +55,15 @@ from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
 from bench.core.verdicts import NOT_RUNNABLE
+from bench.serve.errors import LauncherUnavailable, StartError
 from bench.serve.fingerprint import PROBE, host_cpu, host_cuda, host_gpu, parse_probe
-from bench.serve.launch import (
-    Server,
-    StartError,
-    device_env,
-    foreign_port_holder,
-    free_port,
-    serve_args,
-    server_env,
-)
-from bench.serve.launchers import AuditSite, Cleaned, LauncherUnavailable, owner_gone, owner_tag
+from bench.serve.launch import device_env, serve_args, server_env
+from bench.serve.launchers import register
+from bench.serve.lifecycle import Server
 from bench.serve.memory import gpu_bytes
+from bench.serve.ports import foreign_port_holder, free_port
+from bench.serve.protocols import AuditSite, Cleaned
+from bench.serve.reap import owner_gone, owner_tag
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
@@ -154,7 +151,7 @@ def container_env(
 ) -> dict[str, str]:
     """The container's environment (pure): the cell's variables, the overlay, the devices it was
     given, and the values of the passed-through names that are set on the host."""
-    platform = config.profile(cell.platform)
+    platform = cell.profile
     env = server_env(cell, config.server, platform)
     if devices is not None and devices.kind == "cpu":
         env.update(device_env(devices))  # CPU numbers are the host's inside a cpuset too
@@ -456,11 +453,12 @@ def _remove(container: DockerContainer) -> None:
         pass
 
 
+# Its servers are containers of the image's reference.
+@register("docker", needs=("ref",))
 class DockerBackend:
-    """bench.serve.launchers.Backend for `launcher: docker`."""
+    """bench.serve.protocols.Backend for `launcher: docker`."""
 
-    name = "docker"
-    audit_in: AuditSite = "container"  # as DockerLauncher
+    audit_in: AuditSite = "docker"  # as DockerLauncher
     # Its servers are started by the engine, outside a Slurm job's cgroup and environment: they
     # get the job's GPUs only when given them as devices (bench.slurm.job_script).
     devices_from_job = True
@@ -479,7 +477,7 @@ class DockerBackend:
 
 class DockerLauncher:
     # The image's loader is the one to audit: the pre-flight runs the probe in a container of it.
-    audit_in: AuditSite = "container"
+    audit_in: AuditSite = "docker"
 
     def __init__(self, config: Config, run_id: str, docker_client: docker.DockerClient | None = None,
                  host_env: dict[str, str] | None = None):
@@ -541,7 +539,7 @@ class DockerLauncher:
         command = serve_args(cell, self.config.server, port, container_model_path(cell))
         log_path = run_dir / "server.log"
         create = dict(
-            run_options(self.config.profile(cell.platform), devices),
+            run_options(cell.profile, devices),
             environment=container_env(cell, self.config, self.host_env, devices),
             volumes=mounts(cell, self.config.server.hub_cache),
             labels=labels(self.run_id, cell.id, repeat),
@@ -598,7 +596,7 @@ class DockerLauncher:
 
 def clean(docker_client: docker.DockerClient, run_id: str | None = None, only_gone: bool = False) -> Cleaned:
     """Removes regbench's containers (of one run, or all; with `only_gone` only those whose bench
-    is gone, bench.serve.launchers.owner_gone); says what it removed and what it kept."""
+    is gone, bench.serve.reap.owner_gone); says what it removed and what it kept."""
     label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
     removed, kept = [], []
     # A container may go between the listing and its removal (its bench removing it as it ends):

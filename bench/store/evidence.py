@@ -58,10 +58,10 @@ def gather(
             continue
         judged = sorted((r for r in runs if r.cell_id == s.cell_id and not r.interrupted), key=lambda r: r.repeat)
         texts = [_log(results_path, r) for r in judged]
-        profile = config.profile(cell.platform)
-        env = {**profile.env, **config.server.env, **cell.image.env, **cell.load_format.env}
+        profile = cell.profile
+        env = {**profile.env, **cell.server.env, **cell.image.env, **cell.load_format.env}
         short = [q.finish_reason or "" for q in requests if q.cell_id == s.cell_id and q.completion_tokens is not None
-                 and q.completion_tokens < config.workload.min_tokens]
+                 and q.completion_tokens < cell.workload.min_tokens]
         out.append(CellEvidence(
             cell=s, vllm_load_format=cell.load_format.vllm_format, env=env, contrast=contrasts.get(s.cell_id),
             logs=[log_facts(t) for t in texts], log_text="\n".join(texts),

@@ -68,6 +68,15 @@ def merge(sources: list[Path], out: Path) -> ResultsDir:
         merged.add_fingerprint(f)
     for p in _distinct([p for s in slices for p in s.preflights()]):
         merged.add_preflight(p)
+    # The run planned what its slices planned; it ended when the last slice did.
+    plans = [s.plan(first, s.runs()) for s in slices]
+    ends = [p.finished_at for p in plans]
+    merged.write_plan(plans[0].model_copy(update={
+        "cells": list(dict.fromkeys(c for p in plans for c in p.cells)),
+        "started_at": min(p.started_at for p in plans),
+        "finished_at": None if None in ends else max(e for e in ends if e is not None),
+        "interrupted": any(p.interrupted for p in plans),
+    }))
     return merged
 
 

@@ -8,19 +8,18 @@ with `regbench report DIR`. The runner calls write_reports at the end of a run.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from bench.core.compare import Side, side_from_records
-from bench.core.config import ConfigError
-from bench.core.judge import Reason, unexpected_exit_episodes
-from bench.core.matrix import expand
-from bench.core.records import Fingerprint, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.core.diagnosis import Diagnosis
+from bench.core.judge import Reason, judge, unexpected_exit_episodes
+from bench.core.records import LogExcerpt, RunRecord, Summary
 from bench.core.tokens import Comparator
-from bench.report.summary import render_all, summarize
+from bench.report.model import Report
+from bench.report.summary import render_all
 from bench.store.evidence import diagnose_results
-from bench.store.results import ResultsDir, read_log_bytes
+from bench.store.results import ResultsDir, ResultsError, read_log_bytes
 
 # Run-level findings whose evidence is in the server log.
 _LOG_REASONS = {Reason.BOOT_FAILED, Reason.BOOT_TIMEOUT, Reason.SERVER_DIED, Reason.EXIT_EXCEPTION, Reason.EXIT_CODE}
@@ -114,78 +113,46 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_reports(
-    results: ResultsDir,
-    summary: Summary,
-    runs: list[RunRecord] | None = None,
-    requests: list[RequestRecord] | None = None,
-    fingerprints: list[Fingerprint] | None = None,
-) -> dict[str, Path]:
-    """Writes summary.json, summary.md, junit.xml and report.html; records not passed are read."""
-    runs = results.runs() if runs is None else runs
-    requests = results.requests() if requests is None else requests
-    fingerprints = results.fingerprints() if fingerprints is None else fingerprints
-    diagnosis = diagnose_results(results.path, results.config(), summary, runs, requests, fingerprints)
-    files = render_all(summary, runs, requests, fingerprints, log_excerpts(results.path, runs), diagnosis,
-                       results.jobs())
+@dataclass(frozen=True)
+class Published:
+    """What reporting derived from a results folder and wrote: the verdicts, the diagnosis of the
+    failing cells, and the files."""
+
+    summary: Summary
+    diagnosis: Diagnosis
+    files: dict[str, Path]
+
+
+def write_reports(results: ResultsDir, summary: Summary) -> Published:
+    """Writes summary.json, summary.md, junit.xml, report.html and diagnosis.json from the folder
+    as loaded (ResultsDir.load) and its summary."""
+    data = results.data
+    diagnosis = diagnose_results(results.path, data.config, summary, data.runs, data.requests, data.fingerprints)
+    files = render_all(Report.of(summary, data.runs, data.requests, data.fingerprints,
+                                 log_excerpts(results.path, data.runs), diagnosis, data.jobs))
     written = {}
     for name, text in files.items():
         # The records and logs are redacted already; this covers what a report adds of its own.
         _write_atomic(results.path / name, results.redactor.text(text))
         written[name] = results.path / name
-    return written
+    return Published(summary=summary, diagnosis=diagnosis, files=written)
 
 
 def open_results(path: Path) -> ResultsDir:
     results = ResultsDir(path)
     if not (results.path / "config.yaml").is_file():
-        raise ConfigError(f"{results.path}: not a regbench results directory (no config.yaml)")
+        raise ResultsError(f"{results.path}: not a regbench results directory (no config.yaml)")
     return results
 
 
-def rederive(
-    results: ResultsDir, runs: list[RunRecord], requests: list[RequestRecord], comparator: Comparator | None = None,
-) -> Summary:
-    """The summary from the JSONL alone; start/end times from the last summary.json if there is one.
-    `comparator`: judge outputs by this rule instead of the run's config's."""
-    config = results.config()
-    try:
-        previous = results.previous_summary()
-    except (ValidationError, ValueError) as exc:
-        raise ConfigError(f"{results.path / 'summary.json'}: unreadable, delete it to regenerate: {exc}") from None
-    if previous is not None:
-        started, finished, interrupted = previous.started_at, previous.finished_at, previous.interrupted
-    else:
-        started = min((r.server.started_at for r in runs), default=0.0)
-        finished = max(
-            (r.server.started_at + sum(x for x in (r.server.boot_s, r.requests_s, r.server.shutdown_s) if x)
-             for r in runs),
-            default=0.0,
-        )
-        interrupted = any(r.interrupted for r in runs)
-    # A slice of a run (--cell, --shard, --platform) holds the whole matrix's config: judge the
-    # cells its summary planned (and any that ran), not the matrix's others as "not run". Without
-    # a summary (the bench was killed first) every cell of the matrix counts.
-    cells = expand(config)
-    if previous is not None:
-        planned = {c.cell_id for c in previous.cells} | {r.cell_id for r in runs}
-        cells = [c for c in cells if c.id in planned]
-    return summarize(results.path.name, config, cells, runs, requests, started, finished, interrupted,
-                     results.preflights(), comparator)
-
-
-def regenerate(path: Path, comparator: Comparator | None = None) -> Summary:
-    """`regbench report DIR`: re-derive the summary and rewrite every report file."""
+def regenerate(path: Path, comparator: Comparator | None = None) -> Published:
+    """`regbench report DIR`: judge the folder again and rewrite every report file."""
     results = open_results(path)
-    runs, requests = results.runs(), results.requests()
-    summary = rederive(results, runs, requests, comparator)
-    write_reports(results, summary, runs, requests)
-    return summary
+    return write_reports(results, judge(results.load(), comparator))
 
 
 def load_side(path: Path, comparator: Comparator | None = None) -> Side:
-    """One results folder, re-judged from its JSONL, as one side of `regbench compare`."""
-    results = open_results(path)
-    runs, requests = results.runs(), results.requests()
-    summary = rederive(results, runs, requests, comparator)
-    return side_from_records(str(path), summary.cells, runs, requests, results.fingerprints())
+    """One results folder, re-judged from its records, as one side of `regbench compare`."""
+    data = open_results(path).load()
+    summary = judge(data, comparator)
+    return side_from_records(str(path), summary.cells, data.runs, data.requests, data.fingerprints)

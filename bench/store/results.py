@@ -2,13 +2,15 @@
 
 Layout of results/<run-id>/:
     config.yaml            the matrix as run (paths resolved)
+    plan.json              the cells this run set out to do, when it started and ended (bench.core.results.RunPlan)
     fingerprint.jsonl      one Fingerprint per image
     preflight.jsonl        inspect and audit of the weights, before any server
     requests.jsonl         one RequestRecord per request, appended as each one finishes
     runs.jsonl             one RunRecord per fresh server, appended as each one is reaped
     cells/<cell-id>/run-<n>/server.log    the server's whole output
     summary.json, summary.md              derived from the JSONL files only
-    junit.xml, report.html                derived too (bench.report.summary.render_all, bench.store.publish)
+    junit.xml, report.html                derived too: bench.report.summary.render_all of one
+                                          bench.report.model.Report, written by bench.store.publish
 
 Each JSON line is flushed and fsynced before the bench moves on, so a killed bench loses at
 most the line it was writing.
@@ -29,8 +31,11 @@ import yaml
 from pydantic import BaseModel
 
 from bench.core.config import Config
+from bench.core.errors import EXIT_WRITE, RegbenchError
+from bench.core.matrix import expand
 from bench.core.records import Fingerprint, JobRecord, PreflightRecord, RequestRecord, RunRecord, Summary
 from bench.core.redact import Redactor, redactor_for
+from bench.core.results import Results, RunPlan
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -40,12 +45,15 @@ def new_run_id(config_name: str, now: float | None = None) -> str:
     return f"{stamp}-{config_name}"
 
 
-class ResultsError(Exception):
+class ResultsError(RegbenchError):
     """A results folder that cannot be read or continued."""
 
 
 class ResultsWriteError(ResultsError):
     """A record could not be written (disk full, folder gone or read-only): the run cannot go on."""
+
+    exit_code = EXIT_WRITE
+    after = "; every server was stopped"
 
 
 class FolderBusy(ResultsError):
@@ -97,6 +105,8 @@ class ResultsDir:
         self.warnings: list[str] = []  # what reading had to repair, for the user to see
         # Every record passes through it on its way to disk (bench.core.redact).
         self.redactor = redactor or redactor_for(())
+        # The folder in memory once load() has read it; every record added later goes to both.
+        self.loaded: Results | None = None
 
     @classmethod
     def create(cls, root: Path, run_id: str, config: Config) -> ResultsDir:
@@ -126,18 +136,73 @@ class ResultsDir:
 
     def add_request(self, record: RequestRecord) -> None:
         self._append("requests.jsonl", record)
+        if self.loaded is not None:
+            self.loaded.add_request(record)
 
     def add_run(self, record: RunRecord) -> None:
         self._append("runs.jsonl", record)
+        if self.loaded is not None:
+            self.loaded.add_run(record)
 
     def add_preflight(self, record: PreflightRecord) -> None:
         self._append("preflight.jsonl", record)
+        if self.loaded is not None:
+            self.loaded.add_preflight(record)
 
     def preflights(self) -> list[PreflightRecord]:
         return self._read("preflight.jsonl", PreflightRecord)
 
     def add_fingerprint(self, record: Fingerprint) -> None:
         self._append("fingerprint.jsonl", record)
+        if self.loaded is not None:
+            self.loaded.add_fingerprint(record)
+
+    def write_plan(self, plan: RunPlan) -> None:
+        """plan.json, replaced whole: a reader sees the old plan or the new one."""
+        tmp = self.path / ".plan.json.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(plan.model_dump_json(indent=2) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path / "plan.json")
+        except OSError as exc:
+            raise ResultsWriteError(f"cannot write {self.path / 'plan.json'}: {exc.strerror or exc}") from None
+        if self.loaded is not None:
+            self.loaded.plan = plan
+
+    def plan(self, config: Config, runs: list[RunRecord]) -> RunPlan:
+        """plan.json; for a folder written before there was one, what it tells of the plan: the
+        cells its summary.json listed (the one thing only it records), else every cell of the matrix."""
+        path = self.path / "plan.json"
+        try:
+            if path.exists():
+                return RunPlan.model_validate_json(path.read_text(encoding="utf-8"))
+            legacy = self.path / "summary.json"
+            if legacy.exists():
+                old = Summary.model_validate_json(legacy.read_text(encoding="utf-8"))
+                return RunPlan(run_id=self.path.name, config_name=config.name, cells=[c.cell_id for c in old.cells],
+                               started_at=old.started_at, finished_at=old.finished_at, interrupted=old.interrupted)
+        except (OSError, ValueError) as exc:
+            raise ResultsError(f"{path if path.exists() else self.path / 'summary.json'}: unreadable: "
+                               f"{str(exc).splitlines()[0]}") from None
+        return RunPlan(run_id=self.path.name, config_name=config.name, cells=[c.id for c in expand(config)],
+                       started_at=min((r.server.started_at for r in runs), default=0.0))
+
+    @property
+    def data(self) -> Results:
+        """The folder in memory: loaded at the first use."""
+        return self.loaded or self.load()
+
+    def load(self, config: Config | None = None) -> Results:
+        """The whole folder in memory, read once; records added later are appended to it too.
+        `config`: the matrix as the bench holds it (its devices may be narrowed by a flag),
+        instead of config.yaml's."""
+        config = config or self.config()
+        runs = self.runs()
+        self.loaded = Results(config=config, plan=self.plan(config, runs), runs=runs, requests=self.requests(),
+                              fingerprints=self.fingerprints(), preflights=self.preflights(), jobs=self.jobs())
+        return self.loaded
 
     def _read(self, name: str, model: type[T]) -> list[T]:
         records, partial = read_jsonl(self.path / name, model)
@@ -157,11 +222,6 @@ class ResultsDir:
     def jobs(self) -> list[JobRecord]:
         """The cluster jobs that made this folder (slurm.jsonl), if an executor wrote them."""
         return self._read("slurm.jsonl", JobRecord) if (self.path / "slurm.jsonl").is_file() else []
-
-    def previous_summary(self) -> Summary | None:
-        """summary.json as last written, or None if there is none yet."""
-        path = self.path / "summary.json"
-        return Summary.model_validate_json(path.read_text(encoding="utf-8")) if path.exists() else None
 
     def config(self) -> Config:
         path = self.path / "config.yaml"

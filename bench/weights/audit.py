@@ -13,10 +13,11 @@ The bench process has neither torch nor the streamer, so the streaming is done b
 semantics as a run's image), while the bench hashes the baseline from the raw files meanwhile.
 A loader that raises is a finding; a probe that cannot start at all is a ProbeError.
 
-Where the probe runs: a process of this host (``LocalProbe``), or, given an image reference, a
-container of that image (``bench.weights.audit_docker.ContainerProbe``, imported only then: a local
-audit never imports the docker SDK). Both are context managers with the same two calls, and leaving
-them always ends the probe.
+Where the probe runs: a process of this host, or, given an image reference, a container of that
+image; each is a probe back-end registered by name (bench.weights.probes: audit_local,
+audit_docker, the latter imported only then: a local audit never imports the docker SDK). Both
+are context managers with the same two calls (bench.weights.protocols.Probe), and leaving them
+always ends the probe.
 """
 
 from __future__ import annotations
@@ -25,62 +26,35 @@ import json
 import os
 import random
 import signal
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Annotated, Literal, Protocol
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from rich.console import RenderableType
-from rich.text import Text
+from pydantic import Field, TypeAdapter, ValidationError
 
 from bench.core.config import Image
 from bench.core.location import is_object_uri
-from bench.serve.launch import image_env
-from bench.weights.checkpoint import (
-    CheckpointReport,
-    Problem,
-    Shard,
-    StreamStop,
-    TensorHash,
-    TensorInfo,
-    checkpoint_files,
-    hash_tensors,
-    human_size,
-    inspect_files,
-    observed_stop,
-)
+from bench.core.records import Record
+from bench.core.weights import AuditReport, AuditRun, CheckpointReport, FileLoss, Mismatch, Shard, Skipped, TensorInfo
+from bench.weights import probes
+from bench.weights.checkpoint import TensorHash, checkpoint_files, hash_tensors, inspect_files, observed_stop
+from bench.weights.errors import AuditError, ProbeError
+from bench.weights.protocols import ProbeSpec
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its .venv-vllm is the default Python
-PROBE = Path(__file__).resolve().parent / "audit_probe.py"
 ORDERS = ("sorted", "reversed", "listing")
 LOADERS = ("streamer", "vllm")
 DEFAULT_TIMEOUT_S = 1800.0
-SHOWN = 5
 
 
 def default_python() -> str:
     """The system-under-test venv next to the bench, else whatever python3 is on PATH."""
     venv = ROOT / ".venv-vllm" / "bin" / "python"
     return str(venv) if venv.exists() else "python3"
-
-
-class AuditError(ValueError):
-    """An audit that cannot be run as asked: unknown order or loader, nothing to stream."""
-
-
-class ProbeError(RuntimeError):
-    """The probe could not run: no such Python, the streamer does not import, it crashed at once."""
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # --- the probe's output ---------------------------------------------------------------------------
@@ -140,131 +114,12 @@ ProbeLine = TypeAdapter(
 )
 
 
-# --- the report -----------------------------------------------------------------------------------
+# --- orders ---------------------------------------------------------------------------------------
 
 
 class FileOrder(Record):
     order: str
     files: list[str]  # shard file names, relative to the checkpoint
-
-
-class Mismatch(Record):
-    name: str
-    field: Literal["bytes", "dtype", "shape"]
-    expected: str
-    got: str
-
-
-class FileLoss(Record):
-    file: str
-    missing: int
-    tensors: int
-
-
-class RunResult(Record):
-    """One loader streaming one order of the files, compared tensor by tensor with the baseline."""
-
-    order: str
-    loader: str
-    files: list[str]
-    expected: int
-    delivered: int
-    missing: list[str] = []
-    extra: list[str] = []
-    duplicated: list[str] = []
-    mismatched: list[Mismatch] = []
-    file_losses: list[FileLoss] = []
-    # The stream stopped: no shard with tensors after the last one that delivered got through.
-    # Described with the same StreamStop as `inspect`'s prediction.
-    stop: StreamStop | None = None
-    error: str | None = None  # the loader raised, timed out, or the probe died during this run
-    seconds: float | None = None
-    # The probe has no way to call this release of the loader: the run says nothing about the
-    # weights, so it has no missing tensors and is neither ok nor a problem.
-    unsupported: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.extra or self.duplicated or self.mismatched or self.error
-                    or self.unsupported)
-
-    @property
-    def problem(self) -> bool:
-        """Lost, altered or raised: a finding about the loader (an unsupported run is none)."""
-        return not self.ok and not self.unsupported
-
-    def line(self, with_stop: bool = True) -> str:
-        """One line per run; ``with_stop=False`` leaves out the stop's description (``stop.describe()``,
-        the same words as `inspect`'s) for a view that prints it on a line of its own."""
-        if self.unsupported:
-            return (f"order={self.order} loader={self.loader}: not audited, probe not supported by this "
-                    f"loader version: {self.unsupported}")
-        text = f"order={self.order} loader={self.loader}: {self.delivered}/{self.expected} tensors delivered"
-        stopped = set(self.stop.lost_files) if self.stop is not None else set()
-        if self.stop is not None and with_stop:
-            text += f"; {self.stop.describe()}"
-        scattered = [f for f in self.file_losses if f.file not in stopped]
-        if scattered:
-            text += (", also" if stopped else ",") + " missing in " + ", ".join(
-                f"{Path(f.file).stem} ({f.missing}/{f.tensors})" for f in scattered
-            )
-        if self.extra:
-            text += f", {len(self.extra)} unknown"
-        if self.duplicated:
-            text += f", {len(self.duplicated)} duplicated"
-        if self.mismatched:
-            text += f", {len({m.name for m in self.mismatched})} differ from the files"
-        if self.error:
-            text += f"; {self.error}"
-        return text
-
-
-class Skipped(Record):
-    loader: str
-    reason: str
-
-
-class AuditReport(Record):
-    path: str
-    python: str
-    pythonpath: list[str]
-    env: dict[str, str]
-    image: str | None = None  # the image whose container ran the probe; None: this host
-    overlays: list[str] = []  # host folders mounted into that container, first on its PYTHONPATH
-    streamer_version: str
-    streamer_path: str
-    torch_version: str
-    vllm_version: str | None
-    vllm_iterator: str | None = None  # how the probe loaded vLLM's runai_safetensors_weights_iterator
-    skipped: list[Skipped]
-    baseline_tensors: int
-    baseline_bytes: int
-    baseline_seconds: float
-    probe_exit_code: int | None  # None: killed on timeout
-    probe_seconds: float | None = None  # the probe process, start to exit
-    probe_import_seconds: float | None = None  # of which importing torch and the streamer
-    probe_vllm_seconds: float | None = None  # and loading vLLM's iterator
-    runs: list[RunResult]
-    checkpoint_problems: list[Problem]  # from inspect, for context: the verdict is about the runs
-    problems: list[str]  # one line per run that lost, duplicated, altered or raised
-
-    @property
-    def ok(self) -> bool:
-        """Every run audited and none lost, altered or raised."""
-        return not self.problems and not self.unsupported
-
-    @property
-    def unsupported(self) -> list[str]:
-        """Why runs could not be audited with this loader release (see RunResult.unsupported)."""
-        return sorted({r.unsupported for r in self.runs if r.unsupported})
-
-    @property
-    def lost(self) -> int:
-        """Tensors missing, summed over every run."""
-        return sum(len(r.missing) for r in self.runs)
-
-
-# --- orders ---------------------------------------------------------------------------------------
 
 
 def file_orders(report: CheckpointReport, orders: Sequence[str], shuffles: int, seed: int) -> list[FileOrder]:
@@ -308,7 +163,7 @@ def _shards_of(baseline: Sequence[TensorHash]) -> dict[str, Shard]:
 
 
 def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], delivered: Sequence[Delivered],
-            error: str | None, seconds: float | None, shards: Sequence[Shard] | None = None) -> RunResult:
+            error: str | None, seconds: float | None, shards: Sequence[Shard] | None = None) -> AuditRun:
     """Matches deliveries to the baseline as multisets per name: a name in two shards must arrive
     twice, each with the bytes of one of them. ``shards``: the inspected shards (default: what the
     baseline says of them), to place a stop exactly where `inspect` does."""
@@ -348,7 +203,7 @@ def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], deliver
     if stop is not None and error is not None:
         # The loader raised (or the probe died): the stream ended there, not at an empty shard.
         stop = stop.model_copy(update={"stop_at": None})
-    return RunResult(
+    return AuditRun(
         order=run.order, loader=loader, files=run.files, expected=len(baseline), delivered=len(delivered),
         missing=sorted(h.name for h in missing), extra=sorted(extra), duplicated=sorted(duplicated),
         mismatched=mismatched, file_losses=losses, stop=stop, error=error, seconds=seconds,
@@ -392,80 +247,12 @@ def _parse(text: str, stderr_tail: str, reason: str | None = None) -> _ProbeRun:
     return _ProbeRun(hello=hello, delivered=delivered, ended=ended, begun=begun)
 
 
-TAIL_LINES = 15
-
-
-def _tail(path: Path, lines: int = TAIL_LINES) -> str:
-    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(text[-lines:])
-
-
 def _exit_reason(code: int | None, timed_out: float | None) -> str:
     if timed_out is not None:
         return f"timed out after {timed_out:.0f} s"
     if code is not None and code < 0:
         return f"the probe died of signal {-code} ({signal.strsignal(-code)})"
     return f"the probe exited with code {code}"
-
-
-class Probe(Protocol):
-    """A started probe (the context manager's value): leaving the context ends it, whatever happened."""
-
-    def wait(self, timeout_s: float) -> int | None:
-        """Its exit code (negative: the signal that killed it), or None: it timed out and was killed."""
-        ...
-
-    def output(self) -> tuple[str, str]:
-        """After wait: its stdout (the JSON lines) and the tail of its stderr, kept apart."""
-        ...
-
-
-class LocalProbe:
-    """The probe as a process of this host, in a session of its own (killed as a group), its
-    stdout and stderr to files in the scratch folder."""
-
-    def __init__(self, python: str, plan: Path, env: dict[str, str], scratch: Path):
-        self.argv = [python, str(PROBE), str(plan)]
-        self.env = env
-        self.out_path, self.err_path = scratch / "stdout", scratch / "stderr"
-        self.files: list[IO[bytes]] = []
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def __enter__(self) -> LocalProbe:
-        out, err = self.out_path.open("wb"), self.err_path.open("wb")
-        self.files = [out, err]
-        try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         env=self.env, start_new_session=True)
-        except OSError as exc:
-            self._close()
-            raise ProbeError(f"cannot run {self.argv[0]}: {exc}") from None
-        return self
-
-    def wait(self, timeout_s: float) -> int | None:
-        assert self.proc is not None
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            return None
-
-    def output(self) -> tuple[str, str]:
-        self._close()
-        return self.out_path.read_text(encoding="utf-8"), _tail(self.err_path)
-
-    def _kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def _close(self) -> None:
-        for f in self.files:
-            f.close()
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self._kill()
-        self._close()
 
 
 def audit_checkpoint(
@@ -517,15 +304,12 @@ def audit_checkpoint(
             "runs": [{"order": r.order, "files": [f"{where}/{f}" for f in r.files]} for r in runs],
             "loaders": list(loaders),
         }))
-        probe: AbstractContextManager[Probe]
-        if image_ref is None:
-            probe = LocalProbe(python, plan, image_env(image, dict(os.environ)), scratch)
-        else:
-            from bench.weights.audit_docker import ContainerProbe  # the docker SDK only for containers
-
-            local = None if remote else Path(where)
-            probe = ContainerProbe(image, plan, local, [] if local is None else [local / s.file for s in report.shards],
-                                   list(overlays), run_id or "audit")
+        local = None if remote or image_ref is None else Path(where)
+        spec = ProbeSpec(image=image, plan=plan, scratch=scratch, checkpoint=local,
+                         files=() if local is None else tuple(local / shard.file for shard in report.shards),
+                         overlays=tuple(overlays), run_id=run_id or "audit")
+        # An image reference is what runs the probe in a container of the image.
+        probe = probes.start("local" if image_ref is None else "docker", spec)
         with probe as running:
             # The probe spends its first seconds importing torch: hash the baseline meanwhile.
             started = time.monotonic()
@@ -549,7 +333,7 @@ def audit_checkpoint(
                 continue
             end = parsed.ended.get(key)
             if end is not None and end.unsupported is not None:
-                results.append(RunResult(order=run.order, loader=loader, files=run.files, expected=len(baseline),
+                results.append(AuditRun(order=run.order, loader=loader, files=run.files, expected=len(baseline),
                                          delivered=0, seconds=end.seconds, unsupported=end.unsupported))
                 continue
             if end is not None:
@@ -575,79 +359,3 @@ def audit_checkpoint(
         probe_vllm_seconds=parsed.hello.vllm_seconds, runs=results,
         checkpoint_problems=report.problems, problems=[r.line() for r in results if r.problem],
     )
-
-
-def details(run: RunResult) -> list[str]:
-    """The first few names behind a failing run's summary line, for the human output."""
-    out = []
-    for label, names in (("missing", run.missing), ("unknown", run.extra), ("duplicated", run.duplicated)):
-        if names:
-            more = f" … and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-            out.append(f"{label}: {', '.join(names[:SHOWN])}{more}")
-    for m in run.mismatched[:SHOWN]:
-        out.append(f"{m.name}: {m.field} {m.expected} in the file, {m.got} delivered")
-    return out
-
-
-
-def _probe_times(report: AuditReport) -> str:
-    parts = []
-    if report.probe_import_seconds is not None:
-        parts.append(f"importing torch and the streamer {report.probe_import_seconds:.2f} s")
-    if report.probe_vllm_seconds is not None:
-        parts.append(f"loading vLLM's iterator {report.probe_vllm_seconds:.2f} s")
-    parts.append(f"{len(report.runs)} run(s) {sum(r.seconds or 0 for r in report.runs):.2f} s")
-    return f"{report.probe_seconds:.2f} s, of which " + ", ".join(parts)
-
-
-def verdict_line(report: AuditReport) -> str:
-    """The audit's last line when runs failed: how many lost or altered weights silently, and how
-    many failed loudly (the loader raised, timed out or its probe died: an error, not silence)."""
-    failed = [r for r in report.runs if r.problem]
-    loud = [r for r in failed if r.error]
-    silent = [r for r in failed if not r.error]
-    parts = []
-    if silent:
-        parts.append(f"{len(silent)} run(s) lost or altered weights silently")
-    if loud:
-        errors = list(dict.fromkeys(r.error for r in loud if r.error))
-        parts.append(f"{len(loud)} run(s) failed loudly ({errors[0]}" + (f", and {len(errors) - 1} other error(s))"
-                                                                        if len(errors) > 1 else ")"))
-    return "; ".join(parts) or f"{len(report.problems)} problem(s)"
-
-
-def render(report: AuditReport) -> list[RenderableType]:
-    """The console view: what streamed, the baseline, one line per run, the names behind failures."""
-    overlay = f" (PYTHONPATH {os.pathsep.join(report.pythonpath)})" if report.pythonpath else ""
-    if report.image is not None:
-        mounted = f", overlay {', '.join(report.overlays)} mounted" if report.overlays else ""
-        overlay += f" in a container of {report.image}{mounted}"
-    env = " ".join(f"{k}={v}" for k, v in report.env.items())
-    out: list[RenderableType] = [
-        Text(f"{report.path}: runai-model-streamer {report.streamer_version} from {report.streamer_path}, "
-             f"torch {report.torch_version}, vLLM {report.vllm_version or 'not imported'}; {report.python}{overlay}"
-             + (f"; env {env}" if env else "")),
-        Text(f"baseline: {report.baseline_tensors} tensors, {human_size(report.baseline_bytes)} hashed in "
-             f"{report.baseline_seconds:.2f} s"),
-    ]
-    if report.probe_seconds is not None:
-        out.append(Text(f"probe: {_probe_times(report)}", style="dim"))
-    if report.vllm_iterator:
-        out.append(Text(f"loader=vllm: {report.vllm_iterator}", style="dim"))
-    out += [Text(f"loader={s.loader} skipped: {s.reason}", style="yellow") for s in report.skipped]
-    for run in report.runs:
-        mark, style = ("✓ ", "green") if run.ok else ("? ", "yellow") if run.unsupported else ("✗ ", "red")
-        out.append(Text(mark + run.line(with_stop=False), style=style))
-        if run.stop is not None:
-            out.append(Text(f"    {run.stop.describe()}", style="red"))
-        out += [Text(f"    {d}") for d in details(run)]
-    if report.checkpoint_problems:
-        out.append(Text(f"inspect found {len(report.checkpoint_problems)} problem(s) in the checkpoint "
-                        "(`regbench inspect` for details)", style="yellow"))
-    if report.problems:
-        out.append(Text(verdict_line(report), style="bold red"))
-    elif report.unsupported:
-        out.append(Text("nothing audited: the probe does not support this loader version", style="bold yellow"))
-    else:
-        out.append(Text("every tensor arrived intact in every run", style="bold green"))
-    return out

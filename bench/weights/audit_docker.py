@@ -34,9 +34,12 @@ import requests.exceptions
 from docker.models.containers import Container as DockerContainer
 
 from bench.core.config import Image
-from bench.serve.launch import StartError, image_env
+from bench.serve.errors import StartError
+from bench.serve.launch import image_env
 from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, checkpoint_mounts, client, ensure_image, labels
-from bench.weights.audit import PROBE, TAIL_LINES, ProbeError
+from bench.weights.errors import ProbeError
+from bench.weights.probes import register
+from bench.weights.protocols import PROBE, TAIL_LINES, ProbeSpec
 
 PROBE_DIR = "/opt/regbench/audit"
 CELL_LABEL = "audit"  # the label's cell: `regbench clean` finds the container by its run id, or by LABEL=1
@@ -73,7 +76,7 @@ def volumes(plan: Path, checkpoint: Path | None, files: list[Path], overlays: li
 
 class ContainerProbe:
     """bench.weights.audit's probe as a container of ``image.ref`` (a context manager: see
-    bench.weights.audit.Probe). ``image.python`` and ``image.pythonpath`` are the image's own."""
+    bench.weights.protocols.Probe). ``image.python`` and ``image.pythonpath`` are the image's own."""
 
     def __init__(self, image: Image, plan: Path, checkpoint: Path | None, files: list[Path], overlays: list[str],
                  run_id: str):
@@ -171,3 +174,8 @@ class ContainerProbe:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._remove(quiet=exc is not None)  # an error of its own must not hide the one in flight
+
+
+@register("docker", needs=("ref", "python"))
+def start(spec: ProbeSpec) -> ContainerProbe:
+    return ContainerProbe(spec.image, spec.plan, spec.checkpoint, list(spec.files), list(spec.overlays), spec.run_id)

@@ -13,7 +13,7 @@ in the bench's own venv. The one place that reads tensor bytes is ``hash_tensors
 of the weight audit, which hashes every tensor's raw bytes in parallel (hashlib releases the GIL,
 so threads use every core).
 
-``write_shard``/``shard_header`` write the same format by hand, for tests and the benchmark.
+``shard_header`` writes the same format by hand, for the benchmark and the tests' checkpoints.
 """
 
 from __future__ import annotations
@@ -28,15 +28,23 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict
-from rich.console import RenderableType
-from rich.table import Table
-from rich.text import Text
+from typing import Any, Protocol
 
 from bench.core.diagnosis import stream_stop_releases
+from bench.core.errors import RegbenchError
 from bench.core.location import is_object_uri
+from bench.core.records import Record
+from bench.core.weights import (
+    CheckpointReport,
+    DtypeCount,
+    IndexInfo,
+    Problem,
+    QuantConfig,
+    ScaleCount,
+    Shard,
+    StreamStop,
+    TensorInfo,
+)
 
 INDEX_NAME = "model.safetensors.index.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
@@ -58,161 +66,8 @@ SCALE_SUFFIXES = (
 SHOWN = 10  # names per problem in the human output; the JSON has all of them
 
 
-class NotACheckpoint(ValueError):
+class NotACheckpoint(RegbenchError, ValueError):
     """The path is not a directory holding safetensors shards or an index."""
-
-
-class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TensorInfo(Record):
-    name: str
-    dtype: str
-    shape: list[int]
-    start: int  # absolute offsets in the file, header included
-    end: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
-
-
-class Shard(Record):
-    file: str  # relative to the checkpoint directory
-    size: int  # bytes on disk
-    tensors: list[TensorInfo] = []
-    metadata: dict[str, str] = {}
-    error: str | None = None  # the header could not be used; tensors is then empty
-    in_index: bool | None = None  # None: the checkpoint has no index
-
-    @property
-    def empty(self) -> bool:
-        return self.error is None and not self.tensors
-
-    @property
-    def data_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
-
-    @property
-    def dtypes(self) -> list[str]:
-        return sorted({t.dtype for t in self.tensors})
-
-
-class IndexInfo(Record):
-    file: str
-    files: list[str] = []  # distinct shard files its weight_map names
-    tensors: int = 0
-    total_size: int | None = None
-    error: str | None = None
-
-
-class DtypeCount(Record):
-    dtype: str
-    tensors: int
-    bytes: int
-
-
-class ScaleCount(Record):
-    suffix: str
-    tensors: int
-    dtypes: list[str]
-    examples: list[str]
-
-
-class QuantConfig(Record):
-    source: str  # "hf_quant_config.json" or "config.json:quantization_config"
-    method: str | None
-    settings: dict[str, Any]
-
-
-ProblemKind = Literal[
-    "unreadable_shard", "unreadable_index", "unreadable_config", "index_file_missing",
-    "shard_not_in_index", "tensor_missing", "tensor_in_wrong_shard", "tensor_not_in_index",
-    "duplicate_tensor", "stream_stop_risk",
-]
-
-
-class Problem(Record):
-    kind: ProblemKind
-    message: str
-    files: list[str] = []
-    tensors: list[str] = []
-
-
-class StreamStop(Record):
-    """Where a stream of the files stops early, for one order of them: predicted from the headers
-    by ``stream_stop`` (runai-model-streamer #157, the releases that lose tensors silently), or
-    seen by the audit (``observed_stop``). ``describe`` is the one wording both `inspect` and `audit` print."""
-
-    order: str  # "sorted", "listing"; the audit's orders also "reversed", "shuffleN"
-    files: list[str]  # every shard, in the order streamed
-    stop_at: int | None  # index into files of the empty shard that ends the stream (#157)
-    lost_files: list[str]  # the shards with tensors that the stream never reaches, in order
-    lost_tensors: int
-    tensors: int
-
-    @property
-    def risk(self) -> bool:
-        return self.lost_tensors > 0
-
-    @property
-    def ended_by(self) -> list[str]:
-        """The empty shard(s) that end the stream: the first file when it is empty, else the two
-        empty shards in a row whose second begins a request that holds nothing."""
-        if self.stop_at is None:
-            return []
-        return self.files[max(self.stop_at - 1, 0):self.stop_at + 1]
-
-    def describe(self) -> str:
-        """Where the stream stops and which shards' tensors never arrive; "" when nothing is lost.
-        Shards are named by stem: every one of them ends in .safetensors."""
-        if not self.risk:
-            return ""
-        first = _stem(self.lost_files[0])
-        if self.stop_at == 0:
-            where = f"stream stops at empty shard {_stem(self.files[0])} (first)"
-        elif self.stop_at is not None:
-            before, at = map(_stem, self.ended_by)
-            where = f"stream stops at empty shards {before}, {at} (two in a row)"
-        else:
-            where = f"stream stops before {first}"
-        n = len(self.lost_files)
-        shards = f"shard {first}" if n == 1 else f"{n} shards from {first} on"
-        return f"{where}; lost {self.lost_tensors}/{self.tensors} tensors: {shards}"
-
-
-def _stem(file: str) -> str:
-    return file.removesuffix(".safetensors")
-
-
-class CheckpointReport(Record):
-    path: str
-    shards: list[Shard]  # sorted by file name
-    listing_order: list[str]  # what vLLM's unsorted glob sees
-    index: IndexInfo | None
-    dtypes: list[DtypeCount]
-    scales: list[ScaleCount]
-    quantization: list[QuantConfig]
-    stream_stops: list[StreamStop]
-    notes: list[str]
-    problems: list[Problem]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    @property
-    def tensor_count(self) -> int:
-        return sum(len(s.tensors) for s in self.shards)
-
-    @property
-    def data_bytes(self) -> int:
-        return sum(s.data_bytes for s in self.shards)
-
-    @property
-    def empty_shards(self) -> list[str]:
-        return [s.file for s in self.shards if s.empty]
 
 
 class TensorHash(Record):
@@ -700,14 +555,7 @@ def hash_tensors(path: str | Path, shards: Sequence[Shard], workers: int | None 
     return sorted(hashes, key=lambda h: order[(h.file, h.name)])
 
 
-# --- writing (tests and the benchmark) -----------------------------------------------------------
-
-
-class RawTensor(Record):
-    name: str
-    dtype: str
-    shape: list[int]
-    data: bytes
+# --- writing (the benchmark and the tests' checkpoints) ------------------------------------------
 
 
 def shard_header(entries: Sequence[tuple[str, str, list[int], int]], metadata: dict[str, str] | None = None) -> bytes:
@@ -721,67 +569,3 @@ def shard_header(entries: Sequence[tuple[str, str, list[int], int]], metadata: d
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw
-
-
-def write_shard(path: str | Path, tensors: Sequence[RawTensor], metadata: dict[str, str] | None = None) -> None:
-    entries = [(t.name, t.dtype, t.shape, len(t.data)) for t in tensors]
-    with Path(path).open("wb") as f:
-        f.write(shard_header(entries, metadata))
-        for t in tensors:
-            f.write(t.data)
-
-
-# --- human output --------------------------------------------------------------------------------
-
-
-def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
-def render(report: CheckpointReport) -> list[RenderableType]:
-    """The console view of a report: a shard table, then census, quantization, risk, problems."""
-    empty = len(report.empty_shards)
-    if report.index is None:
-        index = "no index"
-    elif report.index.error is not None:
-        index = "index unreadable"
-    else:
-        index = f"index names {len(report.index.files)} shard(s), {report.index.tensors} tensor(s)"
-    head = Text(f"{report.path}: {len(report.shards)} shard(s) ({empty} empty), {report.tensor_count} tensors, "
-                f"{human_size(report.data_bytes)} of weights; {index}")
-    listed = {f: i + 1 for i, f in enumerate(report.listing_order)}
-    shards = Table(box=None, pad_edge=False)
-    for col in ("shard", "listed", "tensors", "size", "dtypes", "in index"):
-        shards.add_column(col, justify="right" if col in ("listed", "tensors", "size") else "left", overflow="fold")
-    for s in report.shards:
-        in_index = {None: "-", True: "yes", False: "no"}[s.in_index]
-        if s.error:
-            tensors = Text("unreadable", style="red")
-        else:
-            tensors = Text(str(len(s.tensors)), style="yellow" if s.empty else "")
-        shards.add_row(Text(s.file), str(listed[s.file]), tensors, human_size(s.size),
-                       ", ".join(s.dtypes) or "-", in_index)
-
-    dtypes = ", ".join(f"{d.dtype} {d.tensors} tensor(s), {human_size(d.bytes)}" for d in report.dtypes)
-    scales = ", ".join(f"{s.suffix} {s.tensors} ({', '.join(s.dtypes)})" for s in report.scales)
-    lines = [Text(f"dtypes: {dtypes or 'none'}"), Text(f"scale tensors: {scales or 'none'}")]
-    lines += [Text("quantization: " + ("; ".join(
-        f"{q.source}: {q.method or '(no method named)'}" for q in report.quantization) or "none"))]
-    lines.append(Text(f"stream stop ({stream_stop_releases()}):"))
-    for stop in report.stream_stops:
-        if stop.risk:
-            lines.append(Text(f"  {stop.order:8} {stop.describe()}", style="red"))
-        else:
-            lines.append(Text(f"  {stop.order:8} safe: no empty shard begins a request", style="green"))
-    lines += [Text(f"note: {n}", style="dim") for n in report.notes]
-    if report.problems:
-        lines.append(Text(f"{len(report.problems)} problem(s):", style="bold red"))
-        lines += [Text(f"  {p.kind}: {p.message}") for p in report.problems]
-    else:
-        lines.append(Text("no problems", style="bold green"))
-    return [head, shards, *lines]

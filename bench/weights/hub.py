@@ -59,7 +59,7 @@ class HubError(ConfigError):
 
 
 def is_hub_id(path: str) -> bool:
-    """A model path that names a hub repository: what config.resolve_paths kept as it was
+    """A model path that names a hub repository: what bench.store.matrixfile.resolve_paths kept as it was
     (local paths are made absolute there; object-store URIs have a scheme)."""
     return not os.path.isabs(path) and "://" not in path
 

@@ -24,13 +24,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from bench.core.location import ObjectUri, parse_object_uri
 
 PATTERN = "*.safetensors"
-# Names of the variables that configure object-store access: they reach the audit and the
-# servers as the matrix's env gives them; the secret ones are masked by bench.core.redact.
-S3_VARIABLES = (
-    "AWS_ENDPOINT_URL", "RUNAI_STREAMER_S3_ENDPOINT", "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING",
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
-    "AWS_PROFILE", "AWS_CA_BUNDLE", "AWS_EC2_METADATA_DISABLED",
-)
 
 
 class ObjectStoreError(OSError):

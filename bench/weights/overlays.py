@@ -18,13 +18,15 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from bench.core.errors import RegbenchError
+
 PACKAGE = "runai-model-streamer"
 MODULE = "runai_model_streamer"
 VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
 INSTALL_TIMEOUT_S = 600.0
 
 
-class OverlayError(RuntimeError):
+class OverlayError(RegbenchError, RuntimeError):
     """A release that cannot be listed or installed: the index does not have it, pip failed."""
 
 

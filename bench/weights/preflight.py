@@ -19,9 +19,11 @@ from bench.core.location import is_object_uri
 from bench.core.matrix import Cell
 from bench.core.records import PreflightRecord
 from bench.serve.launch import loader_env, server_env
-from bench.serve.launchers import AuditSite
-from bench.weights.audit import AuditError, ProbeError, audit_checkpoint
+from bench.serve.protocols import AuditSite
+from bench.weights import probes
+from bench.weights.audit import audit_checkpoint
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
+from bench.weights.errors import AuditError, ProbeError
 
 STREAMING_FORMATS = {"runai_streamer", "runai_streamer_sharded"}
 AUDIT_ORDERS = ("sorted", "listing")
@@ -37,16 +39,18 @@ def audit_env(config: Config, cell: Cell) -> dict[str, str]:
     """What the audit streams under: the variables the cell's servers get (an object store's
     endpoint and credentials among them) and those vLLM's loader sets from the load format's
     `model_loader_extra_config`, so the audit streams as the server will."""
-    return {**server_env(cell, config.server, config.profile(cell.platform)), **loader_env(cell.load_format)}
+    return {**server_env(cell, cell.server, cell.profile), **loader_env(cell.load_format)}
 
 
 def preflight(
     config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None,
-    audit_in: AuditSite = "here", run_id: str | None = None,
+    audit_in: AuditSite = "local", run_id: str | None = None,
 ) -> list[PreflightRecord]:
-    """`audit_in` (the launcher's, bench.serve.launch.Launcher.audit_in): "here", the image's Python
-    and overlay on this host; "container", a container of the image (`ref`) with the overlay
-    mounted as the docker launcher mounts it, labelled with `run_id`."""
+    """`audit_in` (the launcher's, bench.serve.protocols.Launcher.audit_in): the probe back-end
+    (bench.weights.probes): "local", the image's Python and overlay on this host; "docker", a
+    container of the image (`ref`) with the overlay mounted as the docker launcher mounts it,
+    labelled with `run_id`."""
+    needed = probes.needs(audit_in)
     out: list[PreflightRecord] = []
     for cell in {c.model.name: c for c in cells}.values():
         model = cell.model
@@ -70,10 +74,12 @@ def preflight(
             continue
         seen.add(key)
         base = PreflightRecord(kind="audit", model=key[0], image=key[1], load_format=key[2], ok=True)
-        if audit_in == "container" and cell.image.ref is None:
-            out.append(base.model_copy(update={"skipped": True, "notes": ["the image has no `ref` to run"]}))
+        missing = [f for f in needed if getattr(cell.image, f) is None]
+        if missing:
+            out.append(base.model_copy(update={"skipped": True, "notes": [f"the image has no `{missing[0]}` to run"]}))
             continue
-        boxed = audit_in == "container"
+        # The back-end that runs an image by its reference runs it in a container.
+        boxed = "ref" in needed
         status(f"pre-flight: audit {cell.model.name} with {cell.image.name}")
         env = audit_env(config, cell)
         try:

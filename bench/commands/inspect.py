@@ -1,0 +1,24 @@
+"""`regbench inspect`: a checkpoint's safetensors headers."""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.commands.console import (
+    emit,
+)
+from bench.report.weights import render_checkpoint
+from bench.weights.checkpoint import inspect_checkpoint
+
+
+def add_cli_args(sub) -> None:
+    insp = sub.add_parser("inspect", help="read a checkpoint's safetensors headers: shards, index, dtypes, #157 risk")
+    insp.add_argument("ckpt", help="checkpoint directory, or s3://bucket/prefix (read with ranged requests under "
+                                   "AWS_ENDPOINT_URL or RUNAI_STREAMER_S3_ENDPOINT and the AWS credential variables)")
+    insp.add_argument("--json", action="store_true", help="print the report as JSON")
+    insp.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    report = inspect_checkpoint(args.ckpt)
+    return emit(report, args.json, render_checkpoint)

@@ -1,0 +1,147 @@
+"""`regbench versions` and `regbench bisect`: one probe across the versions of one axis."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.commands.console import (
+    env_pairs,
+    err,
+    interrupt_on_sigterm,
+    name_list,
+    out,
+)
+from bench.core.config import ConfigError
+from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
+from bench.core.stop import StopToken
+from bench.core.versionmap import Plan, VersionMap
+from bench.report.versions import table as versions_table
+from bench.store.matrixfile import load_config
+from bench.store.results import new_run_id
+from bench.versions import (
+    AuditProbe,
+    CellProbe,
+    VersionsError,
+    find_cell,
+    open_map,
+    run_bisect,
+    run_map,
+    write_versions,
+)
+from bench.weights.audit import LOADERS, ORDERS, default_python
+from bench.weights.overlays import available_versions, default_cache, select_versions
+
+
+def add_cli_args(sub) -> None:
+    for name in ("versions", "bisect"):
+        _add(sub, name)
+
+
+def _add(sub, name: str) -> None:
+    if name == "versions":
+        v = sub.add_parser(
+            "versions", help="one probe across the versions of one axis: outcome per version, regimes, change points",
+            description=("Runs one probe per version, in the order given: the weight audit of a checkpoint "
+                         "(--audit) across runai-model-streamer releases, or one cell of a matrix (--config, "
+                         "--cell) across streamer releases or the matrix's images (vLLM venvs, container tags). "
+                         "Writes versions.json, summary.md and a folder per probe; the same --dir continues."))
+    else:
+        v = sub.add_parser(
+            "bisect", help="the version where a probe's outcome changes, between a passing and a failing one",
+            description=("Binary search between --good and --bad (either may be the older) for the change point, "
+                         "each version probed until settled (--rate, --confidence). Sees one change only: when "
+                         "the range may hold several, run `regbench versions`. Exit 0 with a change point, 1 "
+                         "without one (the good end fails, or the bad end passes), 130 interrupted."))
+        v.add_argument("--good", required=True, metavar="V", help="a version that passes")
+        v.add_argument("--bad", required=True, metavar="V", help="a version that fails")
+    v.add_argument("--streamer", metavar="VERSIONS",
+                   help="runai-model-streamer releases: A..B (every release from A to B the index has) or a,b,c; "
+                        "installed on demand as overlays")
+    v.add_argument("--images", metavar="NAMES", help="with --config: the matrix's images, in this order (a,b,c)")
+    v.add_argument("--audit", metavar="CKPT", help="probe: the weight audit of this checkpoint")
+    v.add_argument("--config", metavar="FILE", help="probe: one cell of this matrix (with --cell)")
+    v.add_argument("--cell", metavar="ID", help="the cell to probe (`regbench plan` lists them)")
+    v.add_argument("--python", help="with --audit: Python of the system under test (default: .venv-vllm/bin/python)")
+    v.add_argument("--env", nargs="+", action="extend", default=[], metavar="K=V", help="with --audit: loader environment")
+    v.add_argument("--orders", default="sorted,listing", help="with --audit: file orders (default: sorted,listing)")
+    v.add_argument("--loaders", default="streamer", help="with --audit: loaders (default: streamer)")
+    v.add_argument("--rate", type=float, default=0.5, metavar="P",
+                   help="a passing version must have run enough to see a failure of this rate (default 0.5)")
+    v.add_argument("--confidence", type=float, default=0.95, metavar="C", help="with this probability (default 0.95)")
+    v.add_argument("--dir", metavar="DIR", help="the map's folder; an existing one continues (default: a new one)")
+    v.add_argument("--results", default="results", help="parent of the default folder (default: results)")
+    v.add_argument("--overlays", metavar="DIR", help="where streamer overlays are installed (default: .cache/streamers)")
+    v.set_defaults(func=main)
+
+
+def _version_probe(args: argparse.Namespace, stop: StopToken):
+    """The probe and the version list a `versions` or `bisect` command asks for."""
+    cache = Path(args.overlays) if args.overlays else default_cache(Path.cwd())
+    if (args.audit is None) == (args.config is None):
+        raise ConfigError("give a checkpoint to audit (--audit CKPT) or a matrix and a cell (--config FILE --cell ID)")
+    if (args.streamer is None) == (args.images is None):
+        raise ConfigError("give the versions of one axis: --streamer VERSIONS or --images NAMES")
+    probe: AuditProbe | CellProbe
+    if args.audit is not None:
+        if args.images is not None:
+            raise ConfigError("--images needs a matrix (--config): the audit maps runai-model-streamer releases")
+        python = args.python or default_python()
+        probe = AuditProbe(checkpoint=Path(args.audit).resolve(), python=python, cache=cache,
+                           env=tuple(env_pairs(args.env).items()),
+                           orders=tuple(name_list(args.orders, "--orders", ORDERS)),
+                           loaders=tuple(name_list(args.loaders, "--loaders", LOADERS)))
+        if not Path(args.audit).is_dir():
+            raise ConfigError(f"--audit {args.audit}: not a checkpoint directory")
+    else:
+        if not args.cell:
+            raise ConfigError("--config needs --cell ID: the one cell to probe (`regbench plan` lists them)")
+        config = load_config(args.config)
+        cell = find_cell(config, args.cell)
+        python = cell.image.python
+        probe = CellProbe(config=config, cell=cell, axis="image" if args.images else "runai-model-streamer",
+                          cache=cache, progress=None, stop=stop)
+    if args.images is not None:
+        versions = [v.strip() for v in args.images.split(",") if v.strip()]
+    else:
+        versions = select_versions(args.streamer, available_versions(python) if ".." in args.streamer else None)
+    return probe, versions
+
+
+def main(args: argparse.Namespace) -> int:
+    """`versions` (the map) and `bisect`: one probe across versions, results in a folder."""
+    stop = StopToken()
+    probe, versions = _version_probe(args, stop)
+    mode = "bisect" if args.command == "bisect" else "map"
+    if mode == "bisect":
+        for end, flag in ((args.good, "--good"), (args.bad, "--bad")):
+            if end not in versions:
+                raise ConfigError(f"{flag} {end}: not one of the versions ({', '.join(versions)})")
+    if not 0 < args.rate <= 1 or not 0 < args.confidence < 1:
+        raise ConfigError("--rate must be in (0, 1] and --confidence in (0, 1)")
+    fresh = VersionMap(mode=mode, axis="image" if args.images else "runai-model-streamer", probe=probe.describe(),
+                       versions=versions, plan=Plan(rate=args.rate, confidence=args.confidence), outcomes=[],
+                       good=args.good if mode == "bisect" else None, bad=args.bad if mode == "bisect" else None)
+    root = Path(args.dir) if args.dir else Path(args.results) / new_run_id(mode + "-versions")
+    try:
+        vmap = open_map(root, fresh)
+    except (VersionsError, OSError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+    def save(m: VersionMap) -> None:
+        write_versions(root, m)
+
+    def status(text: str) -> None:
+        err.print(f"{text}", highlight=False, markup=False)
+
+    interrupt_on_sigterm()
+    err.print(f"{mode} of {len(versions)} version(s) into {root}", highlight=False)
+    run = run_bisect if mode == "bisect" else run_map
+    vmap = run(probe, root, vmap, save, status)
+    out.print(versions_table(vmap))
+    out.print(f"results: {root}", highlight=False)
+    if vmap.interrupted:
+        return EXIT_INTERRUPTED
+    if mode == "bisect":
+        return EXIT_PASS if vmap.bisect is not None and vmap.bisect.change is not None else EXIT_FAIL
+    return EXIT_PASS

