@@ -122,7 +122,7 @@ def run_one(
     reference = None
     metrics = None
     probe = cell.reference_text
-    top_k = cell.comparison.top_k if cell.comparison.mode == "logprobs" else None
+    top_k = cell.logprobs_k
     try:
         status(f"{cell.id} #{repeat}: booting")
         with server:
@@ -251,12 +251,19 @@ def pin_images(cells: list[Cell], results: ResultsDir, launcher: Launcher,
     return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells]
 
 
+def matrix_cells(cells: list[Cell]) -> list[Cell]:
+    """The cells of the matrix without the knobs' (`invariance`): a knob's cell runs its
+    original's image and weights, resolved, fingerprinted and audited once for both."""
+    return [c for c in cells if c.knob is None]
+
+
 def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: Launcher,
             status: Callable[[str], None], fetched: Sequence[PreflightRecord] = ()) -> None:
     """Before any cell: where each hub id was resolved to (`fetched`, bench.weights.hub), each
     image resolved and pinned once (pin_images), the pre-flight checks of the weights and each
     image's fingerprint, each once per results folder (a resumed run keeps what it has, and adds
     a hub id's resolution only if it changed)."""
+    cells = matrix_cells(cells)
     pinned = pin_images(cells, results, launcher, status)
     earlier = list(results.data.preflights)
     resolutions = {(p.model, p.notes[0]) for p in earlier if p.kind == "fetch" and p.notes}

@@ -9,7 +9,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from bench.core.errors import RegbenchError
@@ -427,6 +436,91 @@ class Detect(Strict):
     confidence: float = Field(default=0.95, gt=0, lt=1, description="the probability of seeing it at least once")
 
 
+class Knob(Strict):
+    """A setting that must not change what a greedy server answers: the cells it is applied to run
+    again with it, and are compared with themselves without it (`invariance`). Its server arguments
+    come after the matrix's and the model's, its variables over all others, and its concurrency or
+    streaming replace the workload's."""
+
+    name: Name = Field(description="the knob's name; its cells are the original image's name + `+` + this")
+    server_args: list[str] = Field(default=[], description="`vllm serve` arguments added to the cell's")
+    env: dict[str, str] = Field(default={}, description="environment variables added to the cell's servers'")
+    concurrency: int | None = Field(default=None, ge=1, le=1024,
+                                    description="requests in flight at once, instead of the workload's")
+    stream: Literal["all", "none", "inverted"] | None = Field(
+        default=None, description="stream every prompt (`all`), none (`none`), or each one the other way round "
+                                  "from the workload (`inverted`)")
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @field_validator("server_args")
+    @classmethod
+    def _no_tp_arg(cls, v: list[str]) -> list[str]:
+        _no_tensor_parallel_arg(v)
+        return v
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> Knob:
+        if not (self.server_args or self.env or self.concurrency is not None or self.stream is not None):
+            raise ValueError(f"knob {self.name!r} changes nothing: give server_args, env, concurrency or stream")
+        return self
+
+    def describe(self) -> str:
+        parts = [" ".join(self.server_args)] if self.server_args else []
+        parts += [f"{k}={v}" for k, v in self.env.items()]
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.stream is not None:
+            parts.append(f"stream {self.stream}")
+        return ", ".join(parts)
+
+
+# The knobs a matrix may name without defining them; each stands for a class of reported bugs
+# (docs/judged.md "Invariance"). The vLLM flags are those of the V1 engine (vLLM >= 0.10).
+BUILTIN_KNOBS: dict[str, Knob] = {k.name: k for k in (
+    # Batching changing greedy output (vllm#27034): one request at a time against the workload's.
+    Knob(name="serial", concurrency=1),
+    # Prefix caching changing output (vllm#5543): V1 turns it on by default.
+    Knob(name="no-prefix-caching", server_args=["--no-enable-prefix-caching"]),
+    # Chunked prefill changing output (vllm#4697, #5952): prompts prefilled 16 tokens at a time.
+    Knob(name="chunked-prefill", server_args=["--enable-chunked-prefill", "--max-num-batched-tokens", "16"]),
+    # A streamed answer that differs from the same answer not streamed (vllm#48853).
+    Knob(name="stream-inverted", stream="inverted"),
+)}
+
+
+def _knob(value: object) -> object:
+    if isinstance(value, str):
+        if value not in BUILTIN_KNOBS:
+            raise ValueError(f"unknown knob {value!r}: define it ({{name, server_args, env, concurrency, stream}}) "
+                             f"or name a built-in one: {', '.join(BUILTIN_KNOBS)}")
+        return BUILTIN_KNOBS[value]
+    return value
+
+
+class Invariance(Strict):
+    """Settings that must not change outputs: each cell the filters pick runs once more per knob
+    (its own servers, as many repeats), and is compared with the cell without the knob. A
+    difference is `invariance_broken`, reported with both sides' tokens."""
+
+    knobs: list[Annotated[Knob, BeforeValidator(_knob)]] = Field(
+        min_length=1, description="a built-in knob's name (`serial`, `no-prefix-caching`, `chunked-prefill`, "
+                                  "`stream-inverted`) or a knob of your own (`{name, server_args, env, concurrency, "
+                                  "stream}`)")
+    cells: list[CellFilter] = Field(
+        default=[], description="the cells the knobs are applied to; default: the baseline cells (every cell "
+                                "without a baseline rule)")
+    comparison: Comparison | None = Field(
+        default=None, description="how a knob's cell is compared with its original; default: the matrix's "
+                                  "`comparison` (itself tolerant by default: `logprobs`, k = 5); the originals are "
+                                  "asked for the logprobs it needs")
+
+    @model_validator(mode="after")
+    def _unique(self) -> Invariance:
+        _unique_names(self.knobs, "knob")
+        return self
+
+
 # The launcher back-ends a matrix can name (their code: bench.serve.launchers.BACKENDS), and the image
 # fields each one needs to start anything.
 LauncherName = Literal["local", "docker"]
@@ -460,6 +554,9 @@ class Config(Strict):
     include: list[CellFilter] = Field(default=[], description="only the cells matching one of these filters")
     exclude: list[CellFilter] = Field(default=[], description="not the cells matching one of these filters")
     workload: Workload = Field(description="what each run sends")
+    invariance: Invariance | None = Field(
+        default=None, description="settings that must not change outputs, each run as cells of its own and "
+                                  "compared with the cells without it")
     server: ServerSettings = Field(default=ServerSettings(), description="settings for every server")
     preflight: bool = Field(
         default=True, description="inspect and audit the weights before the cells (bench/weights/preflight.py)")
@@ -525,7 +622,7 @@ class Config(Strict):
             "platform": set(self.platforms),
             "image": {i.name for i in self.images},
         }
-        for rule in (*self.include, *self.exclude):
+        for rule in (*self.include, *self.exclude, *(self.invariance.cells if self.invariance else [])):
             for axis, known in axes.items():
                 value = getattr(rule, axis)
                 if value is not None and value not in known:

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from bench.core.config import Prompt, ReferenceText, Workload
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
-from bench.core.matrix import Cell
+from bench.core.matrix import Cell, matrix_image
 from bench.core.perf import cell_perf
 from bench.core.records import (
     CellSummary,
@@ -354,7 +354,7 @@ def set_aside_probes(findings: list[Finding], shared: frozenset[tuple[Reason, st
     others = [f for f in findings if f not in ceilings]
     aside = set(map(id, ceilings)) if ceilings and not others else set()
     reference_stands = any(f.reason == Reason.REFERENCE_NLL and id(f) not in aside for f in findings)
-    diverged = {f.prompt_id for f in findings if f.reason == Reason.DIVERGENCE}
+    diverged = {f.prompt_id for f in findings if f.reason in (Reason.DIVERGENCE, Reason.INVARIANCE_BROKEN)}
     for f in findings:
         if is_shared(f) and f.reason == Reason.EXPECTATION_FAILED and not reference_stands \
                 and f.prompt_id not in diverged:
@@ -436,6 +436,10 @@ def judge_cell(
     diverged: dict[int, list[TokenDiff]] = {}
     if baseline:
         for repeat, pos, f in divergence(judged_requests, baseline.outputs, comparator):
+            if cell.knob is not None:
+                # The one thing that differs from the cell it is compared with is the knob.
+                f = Finding(reason=Reason.INVARIANCE_BROKEN, prompt_id=f.prompt_id,
+                            evidence=f.evidence.model_copy(update={"knob": cell.knob.name}))
             per_run[repeat].append(f)
             positions.append(pos)
             diverged.setdefault(repeat, []).append(TokenDiff(prompt_id=f.prompt_id, repeat=repeat, position=pos))
@@ -492,6 +496,10 @@ def judge_cell(
         nondeterminism=nondeterminism,
         unconfirmed_probes=_probe_notes(set_aside, cell.is_baseline),
         comparator=comparator.name,
+        knob=cell.knob.name if cell.knob else None,
+        knob_changes=cell.knob.describe() if cell.knob else None,
+        invariance_broken=next((f.detail for fs in per_run.values() for f in fs
+                                if f.reason == Reason.INVARIANCE_BROKEN), None),
         reference_nll=[r.reference.mean_nll for r in judged if r.reference is not None],
         run_results=[
             RunResult(repeat=repeat, reasons=rs, divergence=diverged.get(repeat, []), baseline_pending=pending)
@@ -534,7 +542,6 @@ def judge(results: Results, comparator: Comparator | None = None, only: Iterable
     another rule. `only`: judge just these cells (their baselines are still read), as the
     progress line does after each run."""
     config = results.config
-    cmp = comparator or comparator_for(config.comparison.mode, config.comparison.top_k)
     cells = results.cells()
     if only is not None:
         wanted = set(only)
@@ -551,8 +558,11 @@ def judge(results: Results, comparator: Comparator | None = None, only: Iterable
                     results.runs_of(cell.baseline_id), results.requests_of(cell.baseline_id))
             baseline = baselines[cell.baseline_id]
         runs = results.runs_of(cell.id)
+        # Each cell under its own rule (a knob's cell: the invariance block's), unless one is given.
+        cmp = comparator or comparator_for(cell.comparison.mode, cell.comparison.top_k)
         summary = judge_cell(cell, runs, results.requests_of(cell.id), baseline, cmp, cell.reference_text)
-        out.append(apply_cell_checks(summary, runs, audits.get((cell.model.name, cell.image.name, cell.load_format.name))))
+        audit = audits.get((cell.model.name, matrix_image(cell.image.name), cell.load_format.name))
+        out.append(apply_cell_checks(summary, runs, audit))
     started, finished = results.span()
     interrupted = results.interrupted()
     return Summary(

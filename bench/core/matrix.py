@@ -12,6 +12,8 @@ from bench.core.config import (
     Config,
     ConfigError,
     Image,
+    Invariance,
+    Knob,
     LoadFormat,
     Model,
     Platform,
@@ -40,7 +42,28 @@ class Cell(BaseModel):
     reference_text: ReferenceText
     is_baseline: bool = False
     # The cell this one is compared with token by token; None for baselines and when excluded.
+    # For a knob's cell: the cell without the knob.
     baseline_id: str | None = None
+    # Set on the cells an `invariance` block adds: the setting that must not have changed outputs.
+    knob: Knob | None = None
+    # The logprobs each generated token is asked with: for its own comparison, and for a knob's
+    # cell compared with it under `logprobs` (None: none asked).
+    logprobs_k: int | None = None
+
+
+def _logprobs_k(comparison: Comparison) -> int | None:
+    return comparison.top_k if comparison.mode == "logprobs" else None
+
+
+# Joins an image's name and a knob's in the image axis of a knob's cell: not a character of a
+# name, so a knob's cell never shares an id with a cell of the matrix.
+KNOB_SEP = "+"
+
+
+def matrix_image(name: str) -> str:
+    """The image of the matrix a cell's image axis stands for: a knob's cell runs its original's
+    (one pin, one fingerprint, one pre-flight audit for both)."""
+    return name.split(KNOB_SEP, 1)[0]
 
 
 def cell_id(model: str, load_format: str, platform: str, image: str) -> str:
@@ -96,8 +119,56 @@ def expand(config: Config) -> list[Cell]:
                 reference_text=config.reference_text,
                 is_baseline=is_baseline,
                 baseline_id=baseline,
+                logprobs_k=_logprobs_k(config.comparison),
             )
         )
     if set(rule) - {"load_format"}:
         cells.sort(key=lambda c: not c.is_baseline)  # stable: product order otherwise
+    if config.invariance is not None:
+        knobs = knob_cells(cells, config.invariance)
+        # The originals answer with the logprobs their knobs' cells are compared under.
+        asked = {k.baseline_id: k.logprobs_k for k in knobs}
+        cells = [c.model_copy(update={"logprobs_k": max(c.logprobs_k or 0, asked[c.id] or 0) or None})
+                 if c.id in asked else c for c in cells] + knobs
     return cells
+
+
+def knob_cells(cells: list[Cell], invariance: Invariance) -> list[Cell]:
+    """A cell per picked cell and knob, after all the others: the picked cell with the knob
+    applied, its image named `<image>+<knob>`, compared with the picked cell."""
+    if invariance.cells:
+        picked = [c for c in cells if any(_matches(r, _axes(c)) for r in invariance.cells)]
+    else:
+        picked = [c for c in cells if c.is_baseline or c.baseline_id is None]
+    if not picked:
+        raise ConfigError("invariance: its `cells` filters pick no cell of the matrix")
+    out = []
+    for origin in picked:
+        for knob in invariance.knobs:
+            image = origin.image.model_copy(update={"name": f"{origin.image.name}{KNOB_SEP}{knob.name}"})
+            out.append(origin.model_copy(update={
+                "id": cell_id(origin.model.name, origin.load_format.name, origin.platform, image.name),
+                "image": image,
+                "workload": _knob_workload(origin.workload, knob),
+                "comparison": invariance.comparison or origin.comparison,
+                "logprobs_k": _logprobs_k(invariance.comparison or origin.comparison),
+                "is_baseline": False,
+                "baseline_id": origin.id,
+                "knob": knob,
+            }))
+    return out
+
+
+def _axes(cell: Cell) -> dict[str, str]:
+    return {"model": cell.model.name, "load_format": cell.load_format.name, "platform": cell.platform,
+            "image": cell.image.name}
+
+
+def _knob_workload(workload: Workload, knob: Knob) -> Workload:
+    update: dict = {}
+    if knob.concurrency is not None:
+        update["concurrency"] = knob.concurrency
+    if knob.stream is not None:
+        update["prompts"] = [p.model_copy(update={"stream": {"all": True, "none": False}.get(knob.stream, not p.stream)})
+                             for p in workload.prompts]
+    return workload.model_copy(update=update)

@@ -290,6 +290,11 @@ class CellSummary(Record):
     nondeterminism: list[TokenDiff] = []
     run_results: list[RunResult] = []
     comparator: str = "exact"  # the rule divergence and nondeterminism were judged by
+    # A knob's cell (`invariance`): the knob, what it changes, and its first difference from the
+    # same cell without it (both sides' tokens), if any.
+    knob: str | None = None
+    knob_changes: str | None = None
+    invariance_broken: str | None = None
     # The reference-text probe's score per judged run that made it (None: not a number or not measured).
     reference_nll: list[float | None] = []
     perf: dict[str, MetricSummary] = {}  # metric name (bench.core.perf.METRICS) -> figures

@@ -147,6 +147,7 @@ class Reason(StrEnum):
     EXIT_EXCEPTION = "exit_exception"
     EXIT_CODE = "exit_code"
     DIVERGENCE = "divergence"
+    INVARIANCE_BROKEN = "invariance_broken"  # a knob's cell differs from the same cell without the knob
     WEIGHTS_LOST = "weights_lost"
     FINGERPRINT_CHANGED = "fingerprint_changed"
 
@@ -328,9 +329,13 @@ class TokenDivergence(_Evidence):
     # alternatives recorded).
     token_rank_in_baseline: int | None = None
     baseline_rank_in_run: int | None = None
+    # invariance_broken: the knob whose cell this is; the "baseline" is the same cell without it.
+    knob: str | None = None
 
     def text(self) -> str:
-        head = f"differs from baseline at token {self.position}"
+        other = f"without {self.knob}" if self.knob else "baseline"
+        head = (f"with {self.knob} differs from the same cell without it" if self.knob else "differs from baseline") \
+            + f" at token {self.position}"
         if self.comparator == "exact" and self.token_logprob is None:
             return head
 
@@ -340,7 +345,7 @@ class TokenDivergence(_Evidence):
             shown = f"{text!r} " if text is not None else ""
             return f"{shown}(id {token}" + (f", logprob {lp:.2f})" if lp is not None else ")")
 
-        return (f"{head}: {side(self.token, self.token_text, self.token_logprob)} vs baseline "
+        return (f"{head}: {side(self.token, self.token_text, self.token_logprob)} vs {other} "
                 f"{side(self.baseline_token, self.baseline_text, self.baseline_logprob)} ({self.comparator})")
 
 

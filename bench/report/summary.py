@@ -17,7 +17,7 @@ from bench.core.records import (
     Summary,
 )
 from bench.core.stats import percent_range
-from bench.core.verdicts import Verdict
+from bench.core.verdicts import Reason, Verdict
 from bench.report.html import html_report
 from bench.report.junit import junit_xml
 from bench.report.model import Report
@@ -89,6 +89,27 @@ def probes_markdown(cells: Sequence[CellSummary]) -> list[str]:
         for c in missing:
             n = next(n for n in c.unconfirmed_probes if (n.reason, n.prompt_id) == (reason, prompt))
             lines.append(f"  - `{c.cell_id}` ({n.runs}/{c.runs} runs): {n.detail[:160]}")
+    return lines
+
+
+def _escape_pipes(text: str) -> str:
+    return text.replace("|", "\\|")  # a token's text may hold one; it would end the table's cell
+
+
+def invariance_markdown(cells: Sequence[CellSummary]) -> list[str]:
+    """The knobs' cells (`invariance`): each against the same cell without its knob."""
+    knobs = [c for c in cells if c.knob]
+    if not knobs:
+        return []
+    lines = ["", "## Invariance: settings that must not change outputs", "",
+             "Each knob's cell against the same cell without the knob, by "
+             f"{knobs[0].comparator}; a difference is `invariance_broken`.", "",
+             "| knob | changes | cell without it | held in | first difference |", "|---|---|---|---|---|"]
+    for c in knobs:
+        broken = c.reasons.get(Reason.INVARIANCE_BROKEN, 0)
+        held = f"{c.runs - broken}/{c.runs}" if c.runs else "not run"
+        lines.append(f"| {c.knob} | {c.knob_changes} | `{c.baseline_id}` | {'**' + held + '**' if broken else held} | "
+                     f"{_escape_pipes(c.invariance_broken or '-')} |")
     return lines
 
 
@@ -173,6 +194,7 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
             lines.append(f"- {what}: {state}")
             lines += [f"  - {line}" for line in (*p.problems, *p.notes)]
     lines += probes_markdown(summary.cells)
+    lines += invariance_markdown(summary.cells)
     nondeterministic = [c for c in summary.cells if c.nondeterministic]
     if nondeterministic:
         lines += ["", "## Nondeterministic outputs", "",

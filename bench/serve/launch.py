@@ -34,7 +34,8 @@ def serve_args(cell: Cell, server: ServerConfig, port: int, model_path: str) -> 
         args += ["--model-loader-extra-config", json.dumps(cell.load_format.model_loader_extra_config)]
     if cell.model.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(cell.model.tensor_parallel_size)]
-    return args + list(server.args) + list(cell.model.server_args)
+    # A knob's arguments last, so that they win over the matrix's and the model's.
+    return args + list(server.args) + list(cell.model.server_args) + list(cell.knob.server_args if cell.knob else ())
 
 
 def image_env(image: Image, base: dict[str, str]) -> dict[str, str]:
@@ -71,6 +72,8 @@ def server_env(cell: Cell, server: ServerConfig, platform: Platform) -> dict[str
     env.update(server.env)
     env.update(cell.image.env)
     env.update(cell.load_format.env)
+    if cell.knob is not None:
+        env.update(cell.knob.env)
     return env
 
 

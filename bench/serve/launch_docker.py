@@ -50,7 +50,7 @@ from docker.models.images import Image as DockerImage
 from docker.utils import parse_repository_tag
 
 from bench.core.config import Config, ConfigError, Image, Platform
-from bench.core.matrix import Cell
+from bench.core.matrix import KNOB_SEP, Cell, matrix_image
 from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
@@ -152,7 +152,7 @@ def container_env(
     """The container's environment (pure): the cell's variables, the overlay, the devices it was
     given, and the values of the passed-through names that are set on the host."""
     platform = cell.profile
-    env = server_env(cell, config.server, platform)
+    env = server_env(cell, cell.server, platform)
     if devices is not None and devices.kind == "cpu":
         env.update(device_env(devices))  # CPU numbers are the host's inside a cpuset too
     elif devices is not None and platform.docker.runtime:
@@ -237,6 +237,13 @@ def not_runnable(ref: str, attrs: Mapping, machine: str | None = None,
     if os_ and os_ != "linux":
         return f"{NOT_RUNNABLE}: image {ref} is for {os_}, this host runs linux containers"
     return None
+
+
+def container_name(run_id: str, cell_id: str, repeat: int) -> str:
+    """Readable in `docker ps`; unique per run, and a resumed run removes its leftovers first
+    (pure). Docker allows no "+": a knob's cell gets a fifth "__"-joined part, which no cell of
+    the matrix has."""
+    return f"regbench-{run_id}-{cell_id.replace(KNOB_SEP, '__')}-{repeat}"
 
 
 def labels(run_id: str, cell_id: str, repeat: int | None) -> dict[str, str]:
@@ -512,7 +519,7 @@ class DockerLauncher:
 
     def _resolved(self, image: Image, earlier: str | None = None) -> Resolved:
         with self._resolving:  # workers start servers at once: one pull, one pin
-            key = (image.name, image.ref)
+            key = (matrix_image(image.name), image.ref)
             if key not in self.pins:
                 self.pins[key] = resolve(self.docker, image, earlier)
             return self.pins[key]
@@ -536,15 +543,14 @@ class DockerLauncher:
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server:
         port = free_port()
-        command = serve_args(cell, self.config.server, port, container_model_path(cell))
+        command = serve_args(cell, cell.server, port, container_model_path(cell))
         log_path = run_dir / "server.log"
         create = dict(
             run_options(cell.profile, devices),
             environment=container_env(cell, self.config, self.host_env, devices),
             volumes=mounts(cell, self.config.server.hub_cache),
             labels=labels(self.run_id, cell.id, repeat),
-            # Readable in `docker ps`; unique per run, and a resumed run removes its leftovers first.
-            name=f"regbench-{self.run_id}-{cell.id}-{repeat}",
+            name=container_name(self.run_id, cell.id, repeat),
         )
 
         def start() -> Container:
@@ -559,7 +565,7 @@ class DockerLauncher:
             return Container(self.docker, pin, command, create, log_path, self.redactor)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,
-                      self.config.server.boot_timeout_s, self.config.server.shutdown_timeout_s,
+                      cell.server.boot_timeout_s, cell.server.shutdown_timeout_s,
                       devices=devices, stop=stop)
 
     def fingerprint(self, image: Image) -> Fingerprint:

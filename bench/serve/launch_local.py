@@ -193,7 +193,7 @@ class LocalLauncher:
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server:
         port = free_port()
-        server = self.config.server
+        server = cell.server  # the matrix's, or an invariance knob's variant of it
         argv = device_argv(devices, vllm_argv(cell, server, port))
         log_path = run_dir / "server.log"
 

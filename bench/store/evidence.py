@@ -11,7 +11,7 @@ from bench.core.contrast import contrast
 from bench.core.diagnosis import CellEvidence, Diagnosis, diagnose, load_signatures
 from bench.core.judge import exit_time_episodes, is_benign
 from bench.core.logfacts import log_facts
-from bench.core.matrix import Cell, expand
+from bench.core.matrix import Cell, expand, matrix_image
 from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
 from bench.store.results import read_log_bytes
 
@@ -65,10 +65,10 @@ def gather(
         out.append(CellEvidence(
             cell=s, vllm_load_format=cell.load_format.vllm_format, env=env, contrast=contrasts.get(s.cell_id),
             logs=[log_facts(t) for t in texts], log_text="\n".join(texts),
-            fingerprint=prints.get(cell.image.name),
+            fingerprint=prints.get(matrix_image(cell.image.name)),
             inspect=next((p for p in preflights if p.kind == "inspect" and p.model == cell.model.name), None),
             audit=next((p for p in preflights if p.kind == "audit" and p.model == cell.model.name
-                        and p.image == cell.image.name and p.load_format == cell.load_format.name), None),
+                        and p.image == matrix_image(cell.image.name) and p.load_format == cell.load_format.name), None),
             short_finish_reasons=short,
             command_vars={"model": cell.model.path, "python": cell.image.python,
                           "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id,

@@ -1,0 +1,189 @@
+"""The `invariance` block: settings that must not change outputs, each run as cells of its own and
+compared with the same cell without it. Expansion and judging are pure; one run end to end on the
+fake vLLM (tests/data/fakevllm) checks that a knob's arguments and variables reach its servers
+only, and how a broken invariance reads in summary.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.core.config import BUILTIN_KNOBS, ConfigError, parse_config
+from bench.core.judge import Baseline, judge_cell, reference_outputs
+from bench.core.matrix import expand, matrix_image
+from bench.core.records import RequestRecord, RunRecord
+from bench.core.tokens import TokenLogprobs, comparator_for
+from bench.core.verdicts import Reason
+from bench.serve.launch import server_env
+from bench.serve.launch_docker import container_name
+from bench.serve.launch_local import vllm_argv
+
+from .support import ROOT
+from .test_judge import outcome
+
+FAKEVLLM = Path(__file__).parent / "data" / "fakevllm"
+
+
+def with_knobs(minimal: dict, *knobs, **block) -> dict:
+    minimal["workload"]["concurrency"] = 4
+    minimal["workload"]["prompts"] = [{"id": "p", "prompt": "hi"}, {"id": "q", "prompt": "yo", "stream": True}]
+    minimal["invariance"] = {"knobs": list(knobs), **block}
+    return minimal
+
+
+def test_each_knob_adds_a_cell_per_baseline_cell_compared_with_it(minimal):
+    cells = expand(parse_config(with_knobs(minimal, "serial", "stream-inverted", "no-prefix-caching",
+                                           {"name": "kv", "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})))
+    base, streamer, *knobs = cells
+    assert [c.id for c in knobs] == [f"m__safetensors__cpu__img+{k}"
+                                     for k in ("serial", "stream-inverted", "no-prefix-caching", "kv")]
+    assert all(c.baseline_id == base.id and not c.is_baseline and c.knob is not None for c in knobs)
+    assert streamer.knob is None and base.knob is None
+    serial, inverted, no_cache, kv = knobs
+    assert (serial.workload.concurrency, base.workload.concurrency) == (1, 4)
+    assert [p.stream for p in inverted.workload.prompts] == [True, False]
+    assert [p.stream for p in base.workload.prompts] == [False, True]
+    assert vllm_argv(no_cache, no_cache.server, 1)[-1] == "--no-enable-prefix-caching"
+    assert "--no-enable-prefix-caching" not in vllm_argv(base, base.server, 1)
+    profile = base.profile
+    assert server_env(kv, kv.server, profile)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in server_env(base, base.server, profile)
+    # A knob's cell runs its original's image: one pin, one fingerprint, one audit.
+    assert {matrix_image(c.image.name) for c in cells} == {"img"}
+    # Docker's container names: [a-zA-Z0-9][a-zA-Z0-9_.-]+, and no two cells' alike.
+    names = [container_name("r", c.id, 1) for c in cells]
+    assert all(re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", n) for n in names) and len(set(names)) == len(names)
+
+
+def test_the_tolerant_rule_asks_the_originals_for_the_logprobs_it_compares(minimal):
+    minimal["comparison"] = {"mode": "exact"}
+    cells = expand(parse_config(with_knobs(minimal, "serial", comparison={"mode": "logprobs", "top_k": 3})))
+    base, streamer, serial = cells
+    assert (base.comparison.mode, base.logprobs_k) == ("exact", 3)
+    assert (streamer.comparison.mode, streamer.logprobs_k) == ("exact", None)
+    assert (serial.comparison.mode, serial.logprobs_k) == ("logprobs", 3)
+    # By default a knob is judged by the matrix's own rule.
+    minimal["invariance"].pop("comparison")
+    assert expand(parse_config(minimal))[-1].comparison.mode == "exact"
+
+
+def test_the_cells_a_knob_applies_to_can_be_picked(minimal):
+    config = parse_config(with_knobs(minimal, "serial", cells=[{"load_format": "runai_streamer"}]))
+    assert [c.id for c in expand(config)][-1] == "m__runai_streamer__cpu__img+serial"
+    minimal["invariance"]["cells"] = [{"image": "img", "model": "m", "load_format": "safetensors"}]
+    minimal["exclude"] = [{"load_format": "safetensors"}]
+    with pytest.raises(ConfigError, match="pick no cell"):
+        expand(parse_config(minimal))
+
+
+@pytest.mark.parametrize("knob, message", [
+    ("serail", "unknown knob 'serail'.*serial, no-prefix-caching, chunked-prefill, stream-inverted"),
+    ({"name": "nothing"}, "knob 'nothing' changes nothing"),
+    ({"name": "tp", "server_args": ["--tensor-parallel-size", "2"]}, "tensor_parallel_size"),
+    ({"name": "x", "concurrency": 0}, "greater than or equal to 1"),
+])
+def test_a_bad_knob_is_a_config_error(minimal, knob, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(with_knobs(minimal, knob))
+
+
+def test_two_knobs_of_one_name_and_a_filter_naming_no_axis_are_refused(minimal):
+    with pytest.raises(ConfigError, match="duplicate knob names"):
+        parse_config(with_knobs(minimal, "serial", {"name": "serial", "concurrency": 2}))
+    with pytest.raises(ConfigError, match="filter names unknown image 'nope'"):
+        parse_config(with_knobs(minimal, "serial", cells=[{"image": "nope"}]))
+
+
+def test_builtin_knobs_each_change_something_and_are_documented():
+    judged = (ROOT / "docs" / "judged.md").read_text()
+    for name, knob in BUILTIN_KNOBS.items():
+        assert knob.describe() and f"`{name}`" in judged, name
+
+
+def _req(cell_id: str, ids: list[int], top: int | None = None) -> RequestRecord:
+    logprobs = None if top is None else [TokenLogprobs(logprob=-0.1, top=[(i, -0.1), (top, -0.5)]) for i in ids]
+    return RequestRecord(cell_id=cell_id, repeat=1, prompt_id="p", api="completion", stream=False, started_at=0.0,
+                         latency_s=0.1, status=200, text="w" * len(ids), token_ids=ids, completion_tokens=len(ids),
+                         finish_reason="length", logprobs=logprobs)
+
+
+def _run(cell_id: str) -> RunRecord:
+    return RunRecord(cell_id=cell_id, repeat=1, server=outcome(), findings=[])
+
+
+def test_a_knob_that_changes_a_token_breaks_invariance_with_both_sides_named(minimal):
+    minimal["comparison"] = {"mode": "exact"}
+    cells = expand(parse_config(with_knobs(minimal, "serial")))
+    base, serial = cells[0], cells[-1]
+    reference = Baseline(outputs=reference_outputs([_run(base.id)], [_req(base.id, list(range(16)))]))
+    changed = [_req(serial.id, [0, 1, 2, 99, *range(4, 16)])]
+    summary = judge_cell(serial, [_run(serial.id)], changed, reference, comparator_for("exact"))
+    assert summary.verdict == "fail" and summary.reasons == {Reason.INVARIANCE_BROKEN: 1}
+    assert summary.knob == "serial" and summary.knob_changes == "concurrency 1"
+    assert summary.invariance_broken == "p: with serial differs from the same cell without it at token 3"
+    same = judge_cell(serial, [_run(serial.id)], [_req(serial.id, list(range(16)))], reference, comparator_for("exact"))
+    assert same.verdict == "pass" and same.invariance_broken is None
+
+
+def test_under_the_tolerant_rule_a_token_in_the_other_sides_top_k_holds(minimal):
+    cells = expand(parse_config(with_knobs(minimal, "serial")))
+    base, serial = cells[0], cells[-1]
+    ids = list(range(16))
+    reference = Baseline(outputs=reference_outputs([_run(base.id)], [_req(base.id, ids, top=99)]))
+    swapped = [_req(serial.id, [0, 1, 2, 99, *range(4, 16)], top=3)]
+    assert judge_cell(serial, [_run(serial.id)], swapped, reference, comparator_for("logprobs", 5)).verdict == "pass"
+    outside = [_req(serial.id, [0, 1, 2, 98, *range(4, 16)], top=3)]
+    broken = judge_cell(serial, [_run(serial.id)], outside, reference, comparator_for("logprobs", 5))
+    assert broken.reasons == {Reason.INVARIANCE_BROKEN: 1}
+    assert "vs without serial (id 3" in broken.invariance_broken
+
+
+def test_a_run_with_knobs_on_the_fake_vllm(tmp_path):
+    """serial holds; a knob whose variable makes the server answer other token ids breaks; the
+    knob's argument reaches its servers only; summary.md says which knob changed what."""
+    model = tmp_path / "model"
+    model.mkdir()
+    matrix = {
+        "name": "knobs",
+        "models": [{"name": "m", "path": str(model)}],
+        "load_formats": [{"name": "safetensors"}],
+        "images": [{"name": "fake", "python": sys.executable, "pythonpath": [str(FAKEVLLM)]}],
+        "comparison": {"mode": "exact"},
+        "workload": {"prompts": [{"id": "p", "prompt": "hi"}, {"id": "q", "prompt": "yo"}], "concurrency": 2,
+                     "request_timeout_s": 10},
+        "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
+        "reference_text": {"enabled": False},
+        "preflight": False,
+        "invariance": {"knobs": ["serial", {"name": "shifted", "env": {"FAKE_VLLM_MODE": "shifted"},
+                                            "server_args": ["--fake-knob-arg"]}]},
+    }
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    done = subprocess.run([sys.executable, "-m", "bench", "run", str(path), "--results", str(tmp_path / "r"),
+                           "--run-id", "r"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert done.returncode == 1, done.stdout + done.stderr
+    run_dir = tmp_path / "r" / "r"
+    cells = {c["cell_id"]: c for c in json.loads((run_dir / "summary.json").read_text())["cells"]}
+    base, serial, shifted = "m__safetensors__cpu__fake", "m__safetensors__cpu__fake+serial", \
+        "m__safetensors__cpu__fake+shifted"
+    assert list(cells) == [base, serial, shifted]
+    assert [cells[c]["verdict"] for c in (base, serial, shifted)] == ["pass", "pass", "fail"]
+    assert cells[shifted]["reasons"] == {"invariance_broken": 1} and cells[shifted]["knob"] == "shifted"
+    runs = {r["cell_id"]: r for r in map(json.loads, (run_dir / "runs.jsonl").read_text().splitlines())}
+    assert "--fake-knob-arg" in runs[shifted]["server"]["command"]
+    assert "--fake-knob-arg" not in runs[base]["server"]["command"] + runs[serial]["server"]["command"]
+    md = (run_dir / "summary.md").read_text()
+    section = md.split("## Invariance: settings that must not change outputs", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| serial") or line.startswith("| shifted")]
+    assert rows[0] == f"| serial | concurrency 1 | `{base}` | 1/1 | - |", section
+    assert rows[1].startswith(f"| shifted | --fake-knob-arg, FAKE_VLLM_MODE=shifted | `{base}` | **0/1** | "
+                              "p: with shifted differs from the same cell without it at token 0"), section
+    # One fingerprint for the image the three cells share.
+    assert [f["image"] for f in map(json.loads, (run_dir / "fingerprint.jsonl").read_text().splitlines())] == ["fake"]
