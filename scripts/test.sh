@@ -20,7 +20,8 @@ fi
 # Written afresh by the slow tier's real runs (the detection ledger is appended to), so a stale
 # one never passes the checks below.
 rm -rf results/false-alarms results/detection.json
-.venv/bin/pytest -n 2 --dist loadfile -m "not perf"
+# The slowest tests named at the end: where the CI budget goes.
+.venv/bin/pytest -n 2 --dist loadfile -m "not perf" --durations 25
 # Timing comparisons alone, on a machine doing nothing else: a server beside them on 2 cores
 # doubles boot times and turns the comparison into noise.
 .venv/bin/pytest -m perf
