@@ -12,7 +12,7 @@ from bench.core.contrast import contrast
 from bench.core.diagnosis import CellEvidence, Signature, diagnose_cell, load_signatures
 from bench.core.logfacts import log_facts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Verdict
+from bench.core.verdicts import Finding, RepeatedToken, TwinsDiffer, Verdict
 
 LOGS = Path(__file__).parent / "data" / "logs"
 SIGNATURES = {s.id: s for s in load_signatures()}
@@ -302,3 +302,59 @@ def test_a_release_condition_needs_the_signatures_releases():
         Signature.model_validate(base)
     with pytest.raises(ValueError, match="not a release or a range"):
         Signature.model_validate({**base, "releases": {"package": "vllm", "silent": ["0.1..0.2"], "fixed_in": "0.3"}})
+
+
+# ---- the signatures of faults injected into real vLLM (faults/, docs/faults.md) -----------------
+
+def _degenerate(token_id: int) -> Finding:
+    return Finding(reason="degenerate", prompt_id="p", evidence=RepeatedToken(count=128, token_id=token_id))
+
+
+def _twins(text: bool) -> Finding:
+    return Finding(reason="inconsistent_output", prompt_id="p-again", evidence=TwinsDiffer(
+        other_prompt_id="p", position=3, token=None if text else 99, other_token=None if text else 3,
+        streamed=text, other_streamed=False, this_text="def main():\n" if text else None,
+        other_text="\n" if text else None))
+
+
+def names(ev: CellEvidence) -> list[str]:
+    return [m.signature for m in diagnose_cell(ev, list(SIGNATURES.values())).matches]
+
+
+def test_nan_logits_is_one_repeated_id_0_with_no_weights_lost():
+    nan = cell("safetensors", "s16", "fail", {"degenerate": 2, "empty_text": 2, "divergence": 2})
+    assert first(evidence(nan, "safetensors", findings=[_degenerate(0)])) == "nan-logits"
+    assert first(evidence(cell("safetensors", "s16", "fail", {"non_finite_output": 2}), "safetensors")) == "nan-logits"
+    assert "nan-logits" not in names(evidence(nan, "safetensors", findings=[_degenerate(7)]))
+    # Lost weights give id 0 too: with the audit's loss it is not NaN logits.
+    lost = cell("runai_streamer", "s16", "fail", {**BUG, "weights_lost": 1})
+    assert "nan-logits" not in names(evidence(lost, "runai_streamer", findings=[_degenerate(0)], audit=AUDIT_LOST))
+    # The smoke bug without a pre-flight: the stream stop still comes first.
+    (c,) = contrast(smoke_like())
+    bug = evidence(smoke_like()[1], "runai_streamer", ["vllm-0.32-runai-0.16.0-stream-stop.log"], contrast=c,
+                   fingerprint=Fingerprint(image="s16", runai_model_streamer="0.16.0"), findings=[_degenerate(0)])
+    assert names(bug)[0] == "runai-empty-shard-stream-stop" and "nan-logits" in names(bug)
+
+
+def test_a_knob_that_breaks_names_its_cause_and_twins_of_other_tokens_name_both():
+    def knob_cell(knob: str) -> CellSummary:
+        return cell("safetensors", f"s16+{knob}", "fail", {"invariance_broken": 2}).model_copy(update={"knob": knob})
+
+    assert names(evidence(knob_cell("serial"), "safetensors")) == ["batch-dependent-output"]
+    assert names(evidence(knob_cell("no-prefix-caching"), "safetensors")) == ["prefix-cache-corruption"]
+    assert names(evidence(knob_cell("chunked-prefill"), "safetensors")) == []
+    twins = cell("safetensors", "s16", "fail", {"inconsistent_output": 2, "divergence": 2})
+    assert sorted(names(evidence(twins, "safetensors", findings=[_twins(text=False)]))) == [
+        "batch-dependent-output", "prefix-cache-corruption"]
+
+
+def test_the_same_tokens_told_as_other_text_is_the_streaming_detokenizer():
+    told = cell("safetensors", "s16", "fail", {"inconsistent_output": 2})
+    assert names(evidence(told, "safetensors", findings=[_twins(text=True)])) == ["stream-text-differs"]
+    assert "stream-text-differs" not in names(evidence(told, "safetensors", findings=[_twins(text=False)]))
+
+
+def test_empty_text_for_the_baselines_tokens_is_the_text_lost_not_the_model():
+    empty = cell("safetensors", "s16", "fail", {"empty_text": 2, "usage_text_mismatch": 2})
+    assert first(evidence(empty, "safetensors")) == "empty-text-normal-tokens"
+    assert "empty-text-normal-tokens" not in names(evidence(cell("runai_streamer", "s16", "fail", BUG), "runai_streamer"))

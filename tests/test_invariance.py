@@ -18,7 +18,7 @@ import yaml
 from bench.core.config import BUILTIN_KNOBS, ConfigError, parse_config
 from bench.core.judge import Baseline, judge_cell, reference_outputs
 from bench.core.matrix import expand, matrix_image
-from bench.core.records import RequestRecord, RunRecord
+from bench.core.records import CellSummary, RequestRecord, RunRecord
 from bench.core.tokens import TokenLogprobs, comparator_for
 from bench.core.verdicts import Reason
 from bench.serve.launch import server_env
@@ -187,3 +187,21 @@ def test_a_run_with_knobs_on_the_fake_vllm(tmp_path):
                               "p: with shifted differs from the same cell without it at token 0"), section
     # One fingerprint for the image the three cells share.
     assert [f["image"] for f in map(json.loads, (run_dir / "fingerprint.jsonl").read_text().splitlines())] == ["fake"]
+
+
+def test_compare_across_image_tags_matches_each_knobs_cell_with_the_same_knobs(minimal):
+    from bench.core.compare import Side, compare
+
+    def side(name: str, image: str) -> Side:
+        minimal["images"] = [{"name": image, "python": "python3"}]
+        config = parse_config(with_knobs(minimal, "serial", "no-prefix-caching"))
+        cells = [CellSummary(cell_id=c.id, model=c.model.name, load_format=c.load_format.name, platform=c.platform,
+                             image=c.image.name, baseline_id=c.baseline_id, runs=1, failures=0, verdict="pass", reasons={},
+                             knob=c.knob.name if c.knob else None) for c in expand(config)]
+        return Side(name=name, cells=cells, outputs={}, fingerprints=[])
+
+    result = compare(side("a", "vllm-0.31.0"), side("b", "vllm-0.32.0"))
+    assert result.auto_ignored and not result.only_a and not result.only_b
+    assert [(c.a_id, c.b_id) for c in result.cells if c.a_id.endswith(("+serial", "+no-prefix-caching"))] == [
+        ("m__safetensors__cpu__vllm-0.31.0+serial", "m__safetensors__cpu__vllm-0.32.0+serial"),
+        ("m__safetensors__cpu__vllm-0.31.0+no-prefix-caching", "m__safetensors__cpu__vllm-0.32.0+no-prefix-caching")]

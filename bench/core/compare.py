@@ -112,7 +112,9 @@ class RunComparison(Record):
 
 
 def _key(cell: CellSummary, ignore: frozenset[str]) -> tuple[str, ...]:
-    return tuple(getattr(cell, axis) for axis in AXES if axis not in ignore)
+    # A knob's cell (`invariance`) matches the same knob's cell of the other run, even with the
+    # image axis ignored: its knob is not part of the image.
+    return tuple(getattr(cell, axis) for axis in AXES if axis not in ignore) + ((cell.knob,) if cell.knob else ())
 
 
 def _index(side: Side, ignore: frozenset[str], which: str) -> dict[tuple[str, ...], CellSummary]:

@@ -27,6 +27,7 @@ from bench.core.config import ConfigError
 from bench.core.contrast import Contrast
 from bench.core.logfacts import LogFacts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
+from bench.core.verdicts import Finding, RepeatedToken, TwinsDiffer
 
 
 class _Strict(BaseModel):
@@ -121,6 +122,7 @@ class CellEvidence(_Strict):
     inspect: PreflightRecord | None = None
     audit: PreflightRecord | None = None
     short_finish_reasons: list[str] = []  # finish_reason of each request shorter than min_tokens
+    findings: list[Finding] = []  # the judged runs' own findings, with their evidence
     # What a signature's confirm command is filled with: model, python, pythonpath, cell, config.
     command_vars: dict[str, str] = {}
 
@@ -129,6 +131,13 @@ class Condition(_Strict):
     """Exactly one of these keys."""
 
     reason: list[str] | None = None  # the cell shows any of these finding reasons
+    without_reason: list[str] | None = None  # the cell shows none of these finding reasons
+    knob: str | None = None  # the cell is this invariance knob's cell (`invariance`)
+    # Its runs' answers of one repeated token id (`degenerate`) repeat this id.
+    repeated_token: int | None = None
+    # Two requests of one run with the same content (`inconsistent_output`) got other token ids
+    # (`tokens`), or the same ids told as other text (`text`).
+    twins_differ: Literal["tokens", "text"] | None = None
     load_format: str | None = None  # vLLM's --load-format of the cell
     contrast_axis: str | None = None  # the contrast separates the cell on this axis
     loader_short: str | None = None  # a weight loader whose name contains this stopped short of its total
@@ -162,6 +171,24 @@ class Condition(_Strict):
         if self.reason is not None:
             seen = sorted(set(self.reason) & set(ev.cell.reasons))
             return bool(seen), (f"findings: {', '.join(seen)}" if seen else f"none of the findings {', '.join(self.reason)}")
+        if self.without_reason is not None:
+            seen = sorted(set(self.without_reason) & set(ev.cell.reasons))
+            return not seen, (f"findings: {', '.join(seen)}" if seen else f"none of {', '.join(self.without_reason)}")
+        if self.knob is not None:
+            knob = ev.cell.knob
+            return knob == self.knob, f"the cell of knob {knob}" if knob else "not a knob's cell"
+        if self.repeated_token is not None:
+            ids = sorted({f.evidence.token_id for f in ev.findings if isinstance(f.evidence, RepeatedToken)})
+            if not ids:  # the findings are all the runs': none is such an answer
+                return False, "no answer of one repeated token"
+            return self.repeated_token in ids, f"answers of one repeated token id: {', '.join(map(str, ids))}"
+        if self.twins_differ is not None:
+            twins = [f.evidence for f in ev.findings if isinstance(f.evidence, TwinsDiffer)]
+            if not twins:
+                return False, "no two requests of the same content differ"
+            kinds = {"text" if t.this_text is not None else "tokens" for t in twins}
+            return self.twins_differ in kinds, f"requests of the same content differ by {' and '.join(sorted(kinds))}: " \
+                f"{twins[0].text()}"
         if self.load_format is not None:
             return ev.vllm_load_format == self.load_format, f"load format {ev.vllm_load_format}"
         if self.contrast_axis is not None:

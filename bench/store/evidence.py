@@ -59,7 +59,8 @@ def gather(
         judged = sorted((r for r in runs if r.cell_id == s.cell_id and not r.interrupted), key=lambda r: r.repeat)
         texts = [_log(results_path, r) for r in judged]
         profile = cell.profile
-        env = {**profile.env, **cell.server.env, **cell.image.env, **cell.load_format.env}
+        env = {**profile.env, **cell.server.env, **cell.image.env, **cell.load_format.env,
+               **(cell.knob.env if cell.knob else {})}
         short = [q.finish_reason or "" for q in requests if q.cell_id == s.cell_id and q.completion_tokens is not None
                  and q.completion_tokens < cell.workload.min_tokens]
         out.append(CellEvidence(
@@ -70,6 +71,7 @@ def gather(
             audit=next((p for p in preflights if p.kind == "audit" and p.model == cell.model.name
                         and p.image == matrix_image(cell.image.name) and p.load_format == cell.load_format.name), None),
             short_finish_reasons=short,
+            findings=[f for r in judged for f in r.findings],
             command_vars={"model": cell.model.path, "python": cell.image.python,
                           "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id,
                           "where": _audit_where(cell)},
