@@ -42,6 +42,14 @@ def test_all_four_request_shapes_and_the_vllm_fields(workload):
         assert body["temperature"] == 0 and body["seed"] == 0
         if body.get("stream"):
             assert body["stream_options"] == {"include_usage": True}
+        assert "stop_token_ids" not in body  # none given: vLLM's own default
+
+
+def test_stop_token_ids_are_sent_with_every_request(minimal):
+    minimal["workload"]["stop_token_ids"] = [427, 1379]
+    with FakeServer("ok") as server:
+        send(server, parse_config(minimal).workload)
+    assert server.requests and all(body["stop_token_ids"] == [427, 1379] for body in server.requests)
 
 
 def test_empty_completions_are_records_not_errors(workload):

@@ -83,6 +83,23 @@ def test_the_cells_a_knob_applies_to_can_be_picked(minimal):
         expand(parse_config(minimal))
 
 
+def test_blocks_of_knobs_each_for_their_own_cells(minimal):
+    minimal["comparison"] = {"mode": "exact"}
+    minimal["invariance"] = [
+        {"knobs": ["serial"], "cells": [{"load_format": "runai_streamer"}]},
+        {"knobs": ["no-prefix-caching"], "cells": [{"load_format": "safetensors"}],
+         "comparison": {"mode": "logprobs", "top_k": 4}},
+    ]
+    cells = expand(parse_config(minimal))
+    assert [c.id for c in cells][2:] == ["m__runai_streamer__cpu__img+serial",
+                                         "m__safetensors__cpu__img+no-prefix-caching"]
+    assert [c.logprobs_k for c in cells] == [4, None, None, 4]
+    minimal["invariance"][1]["cells"] = [{"image": "img"}]
+    with pytest.raises(ConfigError, match=r"two blocks give a cell the same knob: m__runai_streamer__cpu__img\+serial"):
+        minimal["invariance"][1]["knobs"] = ["serial"]
+        expand(parse_config(minimal))
+
+
 @pytest.mark.parametrize("knob, message", [
     ("serail", "unknown knob 'serail'.*serial, no-prefix-caching, chunked-prefill, stream-inverted"),
     ({"name": "nothing"}, "knob 'nothing' changes nothing"),

@@ -301,6 +301,11 @@ class Workload(Strict):
     max_tokens: int = Field(default=128, ge=1, le=1_000_000, description="`max_tokens` for every request")
     ignore_eos: bool = Field(default=True, description="vLLM's `ignore_eos`: generate `max_tokens` whatever the model "
                                                        "says")
+    # A healthy server masks these, like EOS, until min_tokens: with min_tokens == max_tokens a
+    # token the model does pick then shows a server that lets it through early (vllm#15967).
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default=[], description="vLLM's `stop_token_ids`: token ids that end an answer, like EOS, once `min_tokens` "
+                                "are out (a server that stops on them earlier is `short_output`)")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="sampling temperature (0: greedy)")
     seed: int = Field(default=0, ge=0, lt=2**63, description="the sampling seed of every request")
     concurrency: int = Field(default=1, ge=1, le=1024, description="requests in flight at once")
@@ -554,9 +559,10 @@ class Config(Strict):
     include: list[CellFilter] = Field(default=[], description="only the cells matching one of these filters")
     exclude: list[CellFilter] = Field(default=[], description="not the cells matching one of these filters")
     workload: Workload = Field(description="what each run sends")
-    invariance: Invariance | None = Field(
-        default=None, description="settings that must not change outputs, each run as cells of its own and "
-                                  "compared with the cells without it")
+    invariance: list[Invariance] = Field(
+        default=[], description="settings that must not change outputs, each run as cells of its own and compared "
+                                "with the cells without it: one block, or a list of them (each its own knobs for "
+                                "its own cells)")
     server: ServerSettings = Field(default=ServerSettings(), description="settings for every server")
     preflight: bool = Field(
         default=True, description="inspect and audit the weights before the cells (bench/weights/preflight.py)")
@@ -569,6 +575,11 @@ class Config(Strict):
     profiles: list[Platform] = Field(
         default=[], description="filled in from the platform profiles by the loader and written out with the "
                                 "config as run; not written by hand")
+
+    @field_validator("invariance", mode="before")
+    @classmethod
+    def _one_block(cls, v: object) -> object:
+        return [v] if isinstance(v, dict) else v
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -622,7 +633,7 @@ class Config(Strict):
             "platform": set(self.platforms),
             "image": {i.name for i in self.images},
         }
-        for rule in (*self.include, *self.exclude, *(self.invariance.cells if self.invariance else [])):
+        for rule in (*self.include, *self.exclude, *(r for block in self.invariance for r in block.cells)):
             for axis, known in axes.items():
                 value = getattr(rule, axis)
                 if value is not None and value not in known:

@@ -124,11 +124,16 @@ def expand(config: Config) -> list[Cell]:
         )
     if set(rule) - {"load_format"}:
         cells.sort(key=lambda c: not c.is_baseline)  # stable: product order otherwise
-    if config.invariance is not None:
-        knobs = knob_cells(cells, config.invariance)
+    if config.invariance:
+        knobs = [k for block in config.invariance for k in knob_cells(cells, block)]
+        twice = sorted({k.id for k in knobs if [x.id for x in knobs].count(k.id) > 1})
+        if twice:
+            raise ConfigError(f"invariance: two blocks give a cell the same knob: {', '.join(twice)}")
         # The originals answer with the logprobs their knobs' cells are compared under.
-        asked = {k.baseline_id: k.logprobs_k for k in knobs}
-        cells = [c.model_copy(update={"logprobs_k": max(c.logprobs_k or 0, asked[c.id] or 0) or None})
+        asked: dict[str | None, int] = {}
+        for k in knobs:
+            asked[k.baseline_id] = max(asked.get(k.baseline_id, 0), k.logprobs_k or 0)
+        cells = [c.model_copy(update={"logprobs_k": max(c.logprobs_k or 0, asked[c.id]) or None})
                  if c.id in asked else c for c in cells] + knobs
     return cells
 

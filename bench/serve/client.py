@@ -140,6 +140,8 @@ async def _send(
 ) -> _Result:
     body: dict[str, Any] = {"min_tokens": workload.min_tokens, "ignore_eos": workload.ignore_eos,
                             "return_token_ids": True}
+    if workload.stop_token_ids:
+        body["stop_token_ids"] = list(workload.stop_token_ids)
     common: dict[str, Any] = dict(
         model=model, max_tokens=workload.max_tokens, temperature=workload.temperature,
         seed=workload.seed, extra_body=body,
