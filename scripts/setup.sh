@@ -59,6 +59,18 @@ else
   step "Debian's chromium (headless browser for the report test)" "~1 min (about 80 MB of packages)" \
     "$LOG_DIR/chromium.log" -- install_chromium
 fi
+# A real PostgreSQL for the history database's tests (tests/test_history.py starts a cluster of
+# its own in a scratch folder and stops it): only the binaries, the package's own cluster is not used.
+install_postgresql() {
+  apt-get update
+  DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql
+}
+if compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null; then
+  ready "postgresql ($(ls -d /usr/lib/postgresql/*/bin | tail -n 1))"
+else
+  step "Debian's postgresql (a real server for the history database's tests)" "~30 s (about 50 MB of packages)" \
+    "$LOG_DIR/postgresql.log" -- install_postgresql
+fi
 install_validator() {
   mkdir -p .cache/node
   npm install --prefix .cache/node --no-audit --no-fund @action-validator/cli@0.6.0 @action-validator/core@0.6.0

@@ -1,0 +1,37 @@
+"""The console view of a cell's history (`regbench history`): one table per cell, a row per run
+in the order the runs started, then where it broke. Renders only."""
+
+from __future__ import annotations
+
+import time
+
+from rich.markup import escape
+from rich.table import Table
+
+from bench.core.history import CellHistory
+from bench.core.verdicts import Verdict
+
+_MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
+_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim"}
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def history_table(h: CellHistory) -> Table:
+    t = Table(title=h.cell_id, title_justify="left")
+    for col in ("run", "started", "image", "vLLM", "streamer", "verdict", "fail/runs (failure rate)", "signature"):
+        t.add_column(col, overflow="fold")
+    for p in h.points:
+        t.add_row(escape(p.run_id), _when(p.started_at), escape(p.image), escape(p.vllm or "?"),
+                  escape(p.runai_model_streamer or "?"), f"[{_STYLE[p.verdict]}]{_MARK[p.verdict]}[/]",
+                  p.rate(), escape(p.signature or "-"))
+    return t
+
+
+def regression_lines(h: CellHistory) -> list[str]:
+    """Plain lines under the table: each break, or that the cell never broke."""
+    if not h.regressions:
+        return [f"{h.cell_id}: no failing or flaky run in the history"]
+    return [f"{h.cell_id}: {r.text()}" for r in h.regressions]
