@@ -294,3 +294,45 @@ def test_a_run_still_being_written_is_not_ingested(tmp_path, capsys):
         history.close()
     rc, out, _ = cli(capsys, "history", "ingest", str(folder), "--history", db)
     assert rc == 0 and "ingested" in out
+
+
+def test_a_finished_run_records_itself_and_a_slice_waits_for_its_merge(tmp_path):
+    """`regbench run` on the fake vLLM (tests/data/fakevllm): the whole run lands in the results
+    root's history.sqlite by itself; --no-history and a --cell slice do not."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from .support import ROOT
+
+    model = tmp_path / "model"
+    model.mkdir()
+    matrix = {
+        "name": "recorded", "models": [{"name": "m", "path": str(model)}],
+        "load_formats": [{"name": "safetensors"}],
+        "images": [{"name": "fake", "python": sys.executable,
+                    "pythonpath": [str(Path(__file__).parent / "data" / "fakevllm")]}],
+        "workload": {"prompts": [{"id": "p", "prompt": "hi"}], "request_timeout_s": 10},
+        "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5}, "reference_text": {"enabled": False},
+        "preflight": False,
+    }
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    root = tmp_path / "r"
+
+    def run(run_id: str, *extra: str) -> subprocess.CompletedProcess:
+        p = subprocess.run([sys.executable, "-m", "bench", "run", str(path), "--results", str(root), "--run-id", run_id,
+                            *extra], cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+        assert p.returncode == 0, p.stdout + p.stderr
+        return p
+
+    assert "history: recorded in" in run("first").stderr
+    run("quiet", "--no-history")
+    sliced = run("slice", "--cell", "m__safetensors__cpu__fake")
+    assert "history:" not in sliced.stderr
+    shown = subprocess.run([sys.executable, "-m", "bench", "history", "--results", str(root), "--json"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert '"first"' in shown.stdout and '"quiet"' not in shown.stdout and '"slice"' not in shown.stdout

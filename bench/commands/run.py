@@ -16,8 +16,11 @@ from bench.commands.console import (
     print_causes,
 )
 from bench.core.config import Config, ConfigError, with_devices, with_image_refs
-from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED
+from bench.core.diagnosis import Diagnosis
+from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, RegbenchError
+from bench.core.history import entry_of
 from bench.core.matrix import expand
+from bench.core.records import Summary
 from bench.core.redact import redactor_for
 from bench.core.slicing import parse_shard, slice_cells
 from bench.report.summary import table
@@ -25,6 +28,7 @@ from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import backend, open_launcher
 from bench.serve.platforms import host_facts, select
 from bench.slurm import SlurmOptions, SlurmRun
+from bench.store.history import default_url, open_history
 from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir, ResultsError, new_run_id, writer_lock
 
@@ -59,6 +63,10 @@ def add_cli_args(sub) -> None:
                           "on a GPU platform, none on a CPU one)")
     run.add_argument("--cpus-per-job", type=int, metavar="N", help="with --executor slurm: sbatch --cpus-per-task")
     run.add_argument("--mem", metavar="SIZE", help="with --executor slurm: sbatch --mem, per job (e.g. 64G)")
+    run.add_argument("--history", metavar="URL",
+                     help="record the finished run in this history database (default: sqlite history.sqlite in "
+                          "--results; docs/history.md)")
+    run.add_argument("--no-history", action="store_true", help="do not record the run in the history database")
     run.add_argument("--sbatch-arg", action="append", metavar="ARG",
                      help="with --executor slurm: another sbatch argument. Partition, account, time limit, CPUs, "
                           "memory and sbatch arguments default to the platform profile's `slurm:` block")
@@ -130,8 +138,31 @@ def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         progress.stop()
     out.print(table(report.summary))
     print_causes(report.diagnosis, results.path)
+    # A slice (--cell, --shard: a Slurm job's, a CI shard's) is recorded once merged, as a whole.
+    if not (args.cell or args.shard):
+        _record_history(args, results, report.summary, report.diagnosis)
     out.print(f"results: {results.path}", highlight=False)
     return report.summary.exit_code
+
+
+def _record_history(args: argparse.Namespace, results: ResultsDir, summary: Summary, diagnosis: Diagnosis) -> None:
+    """A finished run into the history database (bench.store.history), once by its run id. The
+    run's verdicts stand whatever happens here: a database that cannot be reached is said, and
+    `regbench history ingest DIR` records the folder later."""
+    if args.no_history or summary.interrupted:
+        return
+    url = args.history or default_url(results.path.parent)
+    try:
+        history = open_history(url)
+        try:
+            stored = history.add(entry_of(summary, diagnosis, results.data.fingerprints, str(results.path)))
+        finally:
+            history.close()
+    except RegbenchError as exc:
+        err.print(f"history: the run was not recorded ({exc}); later: regbench history ingest {results.path}",
+                  highlight=False, markup=False)
+        return
+    err.print(f"history: {'recorded in' if stored else 'already in'} {history.shown}", highlight=False, markup=False)
 
 
 def _slurm_status(text: str) -> None:
@@ -144,9 +175,11 @@ def _slurm_options(args: argparse.Namespace) -> SlurmOptions:
                         extra=list(args.sbatch_arg or []))
 
 
-def _slurm_finished(run: SlurmRun) -> int:
+def _slurm_finished(args: argparse.Namespace, run: SlurmRun) -> int:
     out.print(table(run.summary))
     print_causes(run.diagnosis, run.results.path)
+    if not (run.stopped or run.incomplete):
+        _record_history(args, run.results, run.summary, run.diagnosis)
     out.print(f"results: {run.results.path}", highlight=False)
     if run.stopped:
         return EXIT_INTERRUPTED
@@ -159,10 +192,10 @@ def _slurm_finished(run: SlurmRun) -> int:
 
 def _run_on_slurm(args: argparse.Namespace, config: Config, cells: list, run_id: str) -> int:
     interrupt_on_sigterm()
-    return _slurm_finished(slurm.start(config, cells, run_id, Path(args.results),
+    return _slurm_finished(args, slurm.start(config, cells, run_id, Path(args.results),
                                        _slurm_options(args), _slurm_status))
 
 
 def _resume_on_slurm(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
-    return _slurm_finished(slurm.resume(Path(args.resume), _slurm_options(args), _slurm_status))
+    return _slurm_finished(args, slurm.resume(Path(args.resume), _slurm_options(args), _slurm_status))
