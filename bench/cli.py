@@ -12,12 +12,12 @@ import argparse
 import os
 import sys
 
-from bench.commands import audit, clean, compare, diagnose, history, inspect, merge, plan, report, run, versions
+from bench.commands import audit, clean, compare, diagnose, history, inspect, merge, plan, report, report_bug, run, versions
 from bench.commands.console import err
 from bench.core.errors import RegbenchError
 
 # In the order `regbench --help` lists them.
-COMMANDS = (plan, run, merge, clean, report, diagnose, compare, history, versions, inspect, audit)
+COMMANDS = (plan, run, merge, clean, report, diagnose, report_bug, compare, history, versions, inspect, audit)
 
 
 def parser() -> argparse.ArgumentParser:

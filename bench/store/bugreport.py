@@ -1,0 +1,216 @@
+"""The I/O edge of `regbench report-bug`: one failing cell of a results folder gathered into a
+bench.report.bugreport.BugReport (the verdict from bench.core.judge.judge, the diagnosis from
+bench.store.evidence, the environment from its fingerprint, the commands from the records and the
+matrix as run), rendered, redacted and written beside the records with a one-cell matrix."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
+from bench.core.judge import baseline_of, divergence, judge
+from bench.core.matrix import Cell, matrix_image
+from bench.core.records import Fingerprint, RunRecord
+from bench.core.redact import Redactor, redactor_for
+from bench.core.results import Results
+from bench.core.tokens import comparator_for
+from bench.core.verdicts import ExitEpisode, TokenDivergence
+from bench.report.bugreport import BugReport, render
+from bench.serve.launch import HOST, image_env, serve_args, server_env
+from bench.store.evidence import diagnose_results
+from bench.store.publish import open_results
+from bench.store.results import write_config
+
+# Broader than bench.core.redact.SECRET_NAME on purpose: an issue goes to a public tracker, so a
+# variable merely named *KEY* is masked too.
+SECRET_LOOKING = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+DEFAULT_PORT = 8000  # for a cell with no run record to take its port from
+
+
+@dataclass(frozen=True)
+class WrittenBugReport:
+    report: Path
+    matrix: Path
+
+
+def report_redactor(config: Config, env: Mapping[str, str]) -> Redactor:
+    """The run's redaction (the matrix's passed-through names, variables that say they are
+    secrets, credential shapes), plus the values of every variable whose name looks like a secret:
+    those of the environment now, and those the matrix itself sets for its servers."""
+    secrets = {n: v for n, v in env.items() if SECRET_LOOKING.search(n)}
+    blocks = [("server", config.server.env), *((f"image.{i.name}", i.env) for i in config.images),
+              *((f"load_format.{f.name}", f.env) for f in config.load_formats),
+              *((f"profile.{p.name}", p.env) for p in config.profiles),
+              *((f"knob.{k.name}", k.env) for b in config.invariance for k in b.knobs)]
+    for where, block in blocks:
+        # Keyed apart from the environment's: the matrix may set another value under the same name.
+        secrets.update({f"{where}.{n}": v for n, v in block.items() if SECRET_LOOKING.search(n)})
+    return redactor_for([*config.server.env_passthrough, *secrets], {**env, **secrets})
+
+
+def one_cell_config(config: Config, cells: Mapping[str, Cell], cell: Cell) -> Config:
+    """The matrix as run, reduced to one cell and what it is compared with (its baseline cell; for
+    an invariance knob's cell, the cell without the knob and that one's baseline)."""
+    wanted = [cell]
+    while wanted[-1].baseline_id in cells and len(wanted) < 3:
+        wanted.append(cells[str(wanted[-1].baseline_id)])
+    plain = [c for c in wanted if c.knob is None]
+    axes = {"model": {c.model.name for c in plain}, "load_format": {c.load_format.name for c in plain},
+            "platform": {c.platform for c in plain}, "image": {c.image.name for c in plain}}
+    invariance = []
+    if cell.knob is not None and cell.baseline_id in cells:
+        block = next((b for b in config.invariance if any(k.name == cell.knob.name for k in b.knobs)), None)
+        invariance = [Invariance(knobs=[cell.knob], cells=[_filter(cells[str(cell.baseline_id)])],
+                                 comparison=block.comparison if block else None)]
+    baseline = config.baseline
+    if baseline is not None and any(v not in axes[k] for k, v in baseline.axes().items()):
+        baseline = None  # its baseline cell is not in this matrix: the cell was run without one
+    reduced = config.model_copy(update={
+        "models": [m for m in config.models if m.name in axes["model"]],
+        "load_formats": [f for f in config.load_formats if f.name in axes["load_format"]],
+        "platforms": [p for p in config.platforms if p in axes["platform"]],
+        "images": [i for i in config.images if i.name in axes["image"]],
+        "profiles": [p for p in config.profiles if p.name in axes["platform"]],
+        "include": [_filter(c) for c in plain], "exclude": [], "invariance": invariance, "baseline": baseline,
+    })
+    return parse_config(reduced.model_dump(mode="json"), f"the one-cell matrix of {cell.id}")
+
+
+def _filter(cell: Cell) -> CellFilter:
+    return CellFilter(model=cell.model.name, load_format=cell.load_format.name, platform=cell.platform,
+                      image=cell.image.name)
+
+
+def _assignments(env: Mapping[str, str]) -> str:
+    """NAME=value words for a shell; a secret-looking variable is referred to, never written."""
+    return " ".join(f'{k}="${k}"' if SECRET_LOOKING.search(k) else f"{k}={shlex.quote(v)}" for k, v in env.items())
+
+
+def _port(argv: list[str]) -> int:
+    if "--port" in argv[:-1]:
+        value = argv[argv.index("--port") + 1]
+        if value.isdigit():
+            return int(value)
+    return DEFAULT_PORT
+
+
+def serve_command(cell: Cell, launcher: str, run: RunRecord | None, pin: str | None) -> tuple[str, str, list[str]]:
+    """(the command line, where it runs, its argv): the run's own, with the variables the bench
+    set for the cell's servers in front of it."""
+    env = {**server_env(cell, cell.server, cell.profile), **image_env(cell.image, {})}
+    if launcher == "docker":
+        # Recorded as [image ref, serve, ...]: the image's entrypoint runs vLLM's CLI.
+        args = run.server.command[1:] if run else serve_args(cell, cell.server, DEFAULT_PORT, cell.model.path)
+        env.pop("PYTHONPATH", None)  # folders inside the container, mounted by the bench
+        where = f"inside a container of `{pin or cell.image.ref}` (the model mounted at `{args[1]}`)"
+        return " ".join(filter(None, (_assignments(env), "vllm", shlex.join(args)))), where, args
+    argv = run.server.command if run else [cell.image.python, "-m", "vllm.entrypoints.cli.main",
+                                           *serve_args(cell, cell.server, DEFAULT_PORT, cell.model.path)]
+    return " ".join(filter(None, (_assignments(env), shlex.join(argv)))), "on the host", argv
+
+
+def curl_command(cell: Cell, prompt: Prompt, port: int, api_key: bool) -> str:
+    """The request bench.serve.client._send makes for a prompt, as curl: the same body, the
+    bench's extra sampling fields included."""
+    w = cell.workload
+    chat = prompt.kind == "chat"
+    body: dict = {"model": cell.model.served}
+    if chat:
+        body["messages"] = [m.model_dump() for m in prompt.messages or []]
+    else:
+        body["prompt"] = prompt.prompt or ""
+    body.update(max_tokens=w.max_tokens, temperature=w.temperature, seed=w.seed, min_tokens=w.min_tokens,
+                ignore_eos=w.ignore_eos, return_token_ids=True)
+    if w.stop_token_ids:
+        body["stop_token_ids"] = list(w.stop_token_ids)
+    if prompt.stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    if cell.logprobs_k is not None:
+        body["return_tokens_as_token_ids"] = True
+        body.update({"logprobs": True, "top_logprobs": cell.logprobs_k} if chat else {"logprobs": cell.logprobs_k})
+    url = f"http://{HOST}:{port}/v1/{'chat/completions' if chat else 'completions'}"
+    auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if api_key else ""
+    return f"{shlex.join(['curl', '-sS', url, '-H', 'Content-Type: application/json'])}{auth} -d " \
+        + shlex.quote(json.dumps(body, ensure_ascii=False))
+
+
+def _collect_env(cell: Cell, launcher: str, pin: str | None) -> str:
+    if launcher == "docker":
+        return f"docker run --rm --entrypoint python3 {shlex.quote(pin or cell.image.ref or '')} -m vllm.collect_env"
+    overlay = image_env(cell.image, {}).get("PYTHONPATH")
+    return (f"PYTHONPATH={shlex.quote(overlay)} " if overlay else "") + f"{shlex.quote(cell.image.python)} -m vllm.collect_env"
+
+
+def _first_divergence(data: Results, cell: Cell, runs: list[RunRecord]) -> TokenDivergence | None:
+    """Both tokens at the first divergence from the baseline cell, by the judge's own comparison
+    (the verdict itself is the judge's; this only fetches its evidence back)."""
+    if cell.baseline_id is None:
+        return None
+    base = baseline_of(data.runs_of(cell.baseline_id), data.requests_of(cell.baseline_id))
+    repeats = {r.repeat for r in runs}
+    requests = [q for q in data.requests_of(cell.id) if q.repeat in repeats]
+    found = divergence(requests, base.outputs, comparator_for(cell.comparison.mode, cell.comparison.top_k))
+    evidence = [(pos, repeat, f.evidence) for repeat, pos, f in found if isinstance(f.evidence, TokenDivergence)]
+    return min(evidence, key=lambda x: (x[0], x[1]))[2] if evidence else None
+
+
+def gather_bug_report(path: Path, cell_id: str, matrix_file: str) -> tuple[BugReport, Config, Config]:
+    """The report of one failing or flaky cell, its one-cell matrix, and the matrix as run.
+    Raises ConfigError for a cell the run does not have, or one that did not fail."""
+    results = open_results(path)
+    data = results.load()
+    summary = judge(data)
+    judged = next((c for c in summary.cells if c.cell_id == cell_id), None)
+    if judged is None:
+        known = ", ".join(c.cell_id for c in summary.cells)
+        raise ConfigError(f"--cell {cell_id}: no such cell in {results.path} (its cells: {known})")
+    if not judged.verdict.failing:
+        raise ConfigError(f"--cell {cell_id}: {str(judged.verdict).upper()} in {results.path}; "
+                          "a bug report is for a cell that failed or was flaky")
+    cells = {c.id: c for c in data.cells()}
+    cell = cells[cell_id]
+    diagnosis = diagnose_results(results.path, data.config, summary, data.runs, data.requests, data.fingerprints)
+    cell_diagnosis = next((d for d in diagnosis.cells if d.cell_id == cell_id), None)
+    if cell_diagnosis is None:
+        raise ConfigError(f"--cell {cell_id}: the diagnosis has no evidence of this cell")
+    runs = sorted((r for r in data.runs_of(cell_id) if not r.interrupted), key=lambda r: r.repeat)
+    failed = {r.repeat for r in judged.run_results if r.reasons}
+    # A cell failed by its pre-flight audit alone has no failing run: its first run stands for it.
+    run = next((r for r in runs if r.repeat in failed), runs[0] if runs else None)
+    fingerprint: Fingerprint | None = None
+    for f in data.fingerprints:  # the last probe of an image wins, as in the diagnosis
+        if f.image == matrix_image(cell.image.name):
+            fingerprint = f
+    pin = fingerprint.image_pin if fingerprint else None
+    command, where, argv = serve_command(cell, data.config.launcher, run, pin)
+    prompt_ids = [f.prompt_id for f in (run.findings if run else []) if f.prompt_id]
+    prompt = next((p for p in cell.workload.prompts if p.id in prompt_ids[:1]), cell.workload.prompts[0])
+    exit_exception = next((f.evidence for r in runs for f in r.findings if isinstance(f.evidence, ExitEpisode)), None)
+    report = BugReport(
+        run_id=results.path.name, cell=judged, diagnosis=cell_diagnosis,
+        fingerprint=fingerprint, launcher=data.config.launcher, matrix_file=matrix_file,
+        serve_command=command, serve_where=where,
+        curl_command=curl_command(cell, prompt, _port(argv), "--api-key" in argv), prompt_id=prompt.id,
+        collect_env_command=_collect_env(cell, data.config.launcher, pin),
+        first_failing_repeat=run.repeat if run else 0,
+        divergence=_first_divergence(data, cell, runs) if judged.divergence_positions else None,
+        exit_exception=exit_exception,
+    )
+    return report, one_cell_config(data.config, cells, cell), data.config
+
+
+def write_bug_report(path: Path, cell_id: str, env: Mapping[str, str] | None = None) -> WrittenBugReport:
+    """DIR/bug-<cell>.md and the one-cell matrix DIR/bug-<cell>.yaml, both redacted."""
+    results_path = Path(os.path.abspath(path))
+    report_path, matrix_path = results_path / f"bug-{cell_id}.md", results_path / f"bug-{cell_id}.yaml"
+    report, matrix, config = gather_bug_report(results_path, cell_id, str(matrix_path))
+    redactor = report_redactor(config, os.environ if env is None else env)
+    write_config(matrix_path, matrix, redactor)
+    report_path.write_text(redactor.text(render(report)), encoding="utf-8")
+    return WrittenBugReport(report=report_path, matrix=matrix_path)

@@ -1,0 +1,182 @@
+"""`regbench report-bug`: a synthetic results folder of the seed bug whose model is the real tiny
+canary and whose image is the real streamer 0.16.0 overlay, so that the report's audit command,
+run here, reproduces the loss it reports."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from bench.cli import main
+from bench.core.config import parse_config
+from bench.core.matrix import expand
+from bench.core.records import RequestRecord, RunRecord, ServerOutcome
+from bench.core.verdicts import ExitEpisode, Finding
+from bench.serve.launch_local import vllm_argv
+from bench.store.bugreport import one_cell_config
+from bench.store.matrixfile import load_config
+from tests import synth
+from tests.support import CANARY, ROOT, STREAMERS, VLLM_PYTHON, needs_canary, needs_vllm
+
+CELL = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
+BASE = "tiny-canary__safetensors__cpu__streamer-0.16.0"
+STREAM_STOP_LOG = ROOT / "tests" / "data" / "logs" / "vllm-0.32-runai-0.16.0-stream-stop.log"
+# Planted where a run leaves text: the server's environment in the matrix, a log line, an exception.
+MATRIX_SECRET = "mirror-key-value-42"
+ENV_SECRETS = {"HF_TOKEN": "hf_secretvalue", "DEPLOY_KEY": "deploykeyvalue77"}
+
+
+def _spec() -> dict:
+    spec = synth.matrix(images=("streamer-0.16.0",), repeats=2)
+    spec.update(
+        models=[{"name": "tiny-canary", "path": str(CANARY)}],
+        images=[{"name": "streamer-0.16.0", "python": str(VLLM_PYTHON), "pythonpath": [str(STREAMERS / "0.16.0")]}],
+        server={"args": ["--max-model-len", "512", "--dtype", "float32"], "env": {"MIRROR_KEY": MATRIX_SECRET}},
+    )
+    spec["workload"]["prompts"] = [
+        {"id": "code", "prompt": "def main():"},
+        {"id": "chat", "kind": "chat", "messages": [{"role": "user", "content": "Sort a list."}]},
+    ]
+    return spec
+
+
+def _run(results, cell, repeat: int, ids: list[int], text: str, findings: list[Finding], log: str) -> RunRecord:
+    """One run as the local launcher records it: its real command line, a request per prompt."""
+    log_path = results.run_dir(cell.id, repeat) / "server.log"
+    log_path.write_text(log)
+    for prompt in cell.workload.prompts:
+        results.add_request(RequestRecord(
+            cell_id=cell.id, repeat=repeat, prompt_id=prompt.id, api=prompt.kind, stream=False, started_at=1000.0,
+            latency_s=0.5, status=200, text=text, token_ids=ids, completion_tokens=len(ids), finish_reason="length"))
+    record = RunRecord(cell_id=cell.id, repeat=repeat, findings=findings, requests_s=1.0, server=ServerOutcome(
+        command=vllm_argv(cell, cell.server, 8100 + repeat), port=8100 + repeat,
+        log_path=str(log_path.relative_to(results.path)), started_at=1000.0 + repeat * 60, boot_s=40.0, exit_code=0,
+        shutdown_s=2.0))
+    results.add_run(record)
+    return record
+
+
+@pytest.fixture
+def seed_bug(tmp_path):
+    """The seed bug's results: safetensors healthy, runai_streamer 128 copies of id 0 with empty
+    text in both runs, and secrets in the log and in an exit-time exception of run 2."""
+    results = synth.create(tmp_path, "bug", _spec())
+    synth.fingerprint(results, "streamer-0.16.0", runai_model_streamer="0.16.0")
+    cells = {c.id: c for c in expand(results.config())}
+    leak = " ".join(ENV_SECRETS.values())
+    log = STREAM_STOP_LOG.read_text() + f"WARNING 11-30 12:43:09 [config.py:1] falling back to float32 ({leak})\n"
+    episode = ExitEpisode(episode=f"Traceback\nRuntimeError: auth failed for {leak}", line=3,
+                          exception=f"RuntimeError: auth failed for {leak}")
+    for repeat in (1, 2):
+        _run(results, cells[BASE], repeat, synth.GOOD_IDS, "def f(x):\n    return x", [], "INFO serving\n")
+        extra = [Finding(reason="exit_exception", evidence=episode)] if repeat == 2 else []
+        _run(results, cells[CELL], repeat, [0] * 128, "", [synth.EMPTY, *extra], log)
+    return results.path
+
+
+def _report(path, monkeypatch, capsys) -> str:
+    for name, value in ENV_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    assert main(["report-bug", str(path), "--cell", CELL]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written == str(path / f"bug-{CELL}.md")
+    return (path / f"bug-{CELL}.md").read_text()
+
+
+def _block_after(text: str, heading: str) -> str:
+    """The first fenced block after a line containing `heading`."""
+    rest = text[text.index(heading):]
+    return re.search(r"```\w*\n(.*?)\n```", rest, re.S)[1]
+
+
+def test_the_report_names_the_cause_rate_and_evidence(seed_bug, monkeypatch, capsys):
+    text = _report(seed_bug, monkeypatch, capsys)
+    # The streamer's issue: its signature comes first; vLLM's form's sections all the same.
+    assert "An issue for run-ai/runai-model-streamer" in text
+    assert text.splitlines()[2].startswith("# runai-model-streamer 0.16.0: runai-model-streamer stops at an empty")
+    for section in ("### Your current environment", "### 🐛 Describe the bug", "### Before submitting a new issue..."):
+        assert section in text
+    assert "`runai-empty-shard-stream-stop`" in text
+    assert "2/2 runs failed (failure rate 34–100 %, Wilson 95 % interval)" in text
+    assert "`divergence` (2/2)" in text and "`empty_text` (2/2)" in text
+    assert "code: empty text (128 tokens, finish_reason length)" in text
+    assert "differs from baseline at token 0: (id 0) vs baseline (id 100) (logprobs top-5)" in text
+    assert "weights loader 'Runai Model Streamer' stopped at 0/21" in text  # the recorded log's bar
+    assert "Exception printed at exit: `RuntimeError: auth failed for [REDACTED] [REDACTED]`" in text
+    assert "runai-model-streamer #157" in text and "Upgrade runai-model-streamer to 0.16.1" in text
+    env = _block_after(text, "<summary>")
+    assert "runai-model-streamer : 0.16.0" in env and "vLLM                 : 0.32.0" in env
+
+
+def test_no_secret_reaches_the_report_or_the_matrix(seed_bug, monkeypatch, capsys):
+    text = _report(seed_bug, monkeypatch, capsys)
+    matrix = (seed_bug / f"bug-{CELL}.yaml").read_text()
+    # The run wrote the matrix's value as it was; the report must not carry it on.
+    assert MATRIX_SECRET in (seed_bug / "config.yaml").read_text()
+    for secret in (MATRIX_SECRET, *ENV_SECRETS.values()):
+        assert secret not in text and secret not in matrix
+    assert 'MIRROR_KEY="$MIRROR_KEY"' in text  # referred to by name in the serve command
+
+
+@needs_canary
+def test_the_one_cell_matrix_loads_with_its_baseline(seed_bug, monkeypatch, capsys):
+    _report(seed_bug, monkeypatch, capsys)
+    config = load_config(seed_bug / f"bug-{CELL}.yaml")
+    cells = {c.id: c for c in expand(config)}
+    assert set(cells) == {CELL, BASE} and cells[CELL].baseline_id == BASE
+    assert cells[CELL].image.pythonpath == [str(STREAMERS / "0.16.0")]
+    assert config.server.env["MIRROR_KEY"] == "[REDACTED]"
+
+
+def test_the_serve_and_curl_commands_are_the_runs(seed_bug, monkeypatch, capsys):
+    text = _report(seed_bug, monkeypatch, capsys)
+    runs = [RunRecord.model_validate_json(line) for line in (seed_bug / "runs.jsonl").read_text().splitlines()]
+    first = next(r for r in runs if r.cell_id == CELL and r.repeat == 1)
+    serve = _block_after(text, "The server exactly as")
+    assert serve.endswith(shlex.join(first.server.command))
+    assert f"PYTHONPATH={STREAMERS / '0.16.0'}" in serve and "HF_HUB_OFFLINE=1" in serve
+    argv = shlex.split(_block_after(text, "One request of the workload"))
+    assert argv[:3] == ["curl", "-sS", "http://127.0.0.1:8101/v1/completions"]
+    body = json.loads(argv[argv.index("-d") + 1])
+    assert body == {"model": "tiny-canary", "prompt": "def main():", "max_tokens": 128, "temperature": 0.0, "seed": 0,
+                    "min_tokens": 128, "ignore_eos": True, "return_token_ids": True,
+                    # the default comparison is by logprobs, top 5: the client asks for them by token id
+                    "logprobs": 5, "return_tokens_as_token_ids": True}
+    assert f"regbench run {seed_bug / f'bug-{CELL}.yaml'}" in text
+
+
+@needs_vllm
+@needs_canary
+def test_the_audit_command_reproduces_the_loss(seed_bug, monkeypatch, capsys):
+    text = _report(seed_bug, monkeypatch, capsys)
+    argv = shlex.split(_block_after(text, "Without a server"))
+    assert argv[:2] == ["regbench", "audit"]
+    # The report's `regbench` is this checkout's.
+    done = subprocess.run([sys.executable, "-m", "bench", *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr  # tensors lost, as the finding says
+    assert "0/21 tensors delivered" in done.stdout + done.stderr
+
+
+def test_a_passing_or_unknown_cell_is_a_usage_error(seed_bug, capsys):
+    assert main(["report-bug", str(seed_bug), "--cell", BASE]) == 2
+    assert "PASS" in capsys.readouterr().err
+    assert main(["report-bug", str(seed_bug), "--cell", "no__such__cell__x"]) == 2
+    assert "no such cell" in capsys.readouterr().err
+    assert not list(seed_bug.glob("bug-*"))
+
+
+def test_a_knobs_cell_keeps_the_cells_it_is_compared_with():
+    spec = synth.matrix(images=("a", "b"))
+    spec.update(baseline={"image": "a"}, invariance={"knobs": ["serial"], "cells": [{"load_format": "runai_streamer"}]})
+    config = parse_config(spec)
+    cells = {c.id: c for c in expand(config)}
+    reduced = one_cell_config(config, cells, cells["m__runai_streamer__cpu__b+serial"])
+    assert [(c.id, c.baseline_id) for c in expand(reduced)] == [
+        ("m__runai_streamer__cpu__a", None), ("m__runai_streamer__cpu__b", "m__runai_streamer__cpu__a"),
+        ("m__runai_streamer__cpu__b+serial", "m__runai_streamer__cpu__b")]
