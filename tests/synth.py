@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from bench.core.config import parse_config
-from bench.core.records import Finding, Fingerprint, RequestRecord, RunRecord, ServerOutcome
+from bench.core.records import Finding, Fingerprint, RequestRecord, RunPerf, RunRecord, ServerOutcome
 from bench.store.results import ResultsDir
 
 GOOD_IDS = list(range(100, 228))  # 128 distinct ids: no request-level finding
@@ -106,4 +106,35 @@ def streamer_bug(root: Path, run_id: str, images: tuple[str, ...] = ("img",), re
                         findings=[EMPTY])
             else:
                 add_run(results, f"m__runai_streamer__cpu__{image}", repeat)
+    return results
+
+
+class _WithPerf:
+    """A ResultsDir whose run records get the performance figures given (add_run writes none)."""
+
+    def __init__(self, results: ResultsDir, perf: RunPerf):
+        self._results, self._perf = results, perf
+
+    def __getattr__(self, name: str):
+        return getattr(self._results, name)
+
+    def add_run(self, record: RunRecord) -> None:
+        self._results.add_run(record.model_copy(update={"perf": self._perf}))
+
+
+JITTER = (0.98, 1.0, 1.02)  # repeat to repeat, as fresh servers differ
+
+
+def timed(root: Path, run_id: str, repeats: int = 3, slower: float = 1.0, streamer: str = "0.17.0") -> ResultsDir:
+    """Every cell passes, every fresh server with the figures bench.core.perf reads: boot time and
+    throughput (its RunPerf) and request latency, all `slower` times slower (throughput and
+    tokens/s as many times lower), each repeat a little off the others (JITTER)."""
+    results = create(root, run_id, matrix(repeats=repeats))
+    fingerprint(results, "img", runai_model_streamer=streamer)
+    for fmt in ("safetensors", "runai_streamer"):
+        for repeat in range(1, repeats + 1):
+            f = slower * JITTER[(repeat - 1) % len(JITTER)]
+            tokens = len(PROMPTS) * len(GOOD_IDS)
+            perf = RunPerf(boot_s=40.0 * f, output_tokens=tokens, throughput_tok_s=tokens / (1.5 * f))
+            add_run(_WithPerf(results, perf), f"m__{fmt}__cpu__img", repeat, boot_s=40.0 * f, latency_s=0.5 * f)
     return results

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -160,24 +162,55 @@ def test_history_names_the_first_failing_run_and_the_last_good_one(db, tmp_path,
     rc, out, _ = cli(capsys, "history", "--history", db, "--json")
     assert rc == 0
     view = json.loads(out)
-    assert view["schema_version"] == 1
+    assert view["schema_version"] == 2
     cells = {c["cell_id"]: c for c in view["cells"]}
     streamer = cells[STREAMER_CELL]
     assert [p["run_id"] for p in streamer["points"]] == ["c-nightly-1", "a-nightly-2", "b-nightly-3"]
     assert [p["verdict"] for p in streamer["points"]] == ["pass", "fail", "pass"]
     assert [(p["failures"], p["runs"]) for p in streamer["points"]] == [(0, 2), (2, 2), (0, 2)]
     assert streamer["points"][1]["interval"][0] > 0.3 and streamer["points"][1]["reasons"]["empty_text"] == 2
+    command = shlex.join(["regbench", "bisect", "--config", f"{bad}/config.yaml", "--cell", STREAMER_CELL,
+                          "--streamer", "0.16.0..0.17.0", "--good", "0.17.0", "--bad", "0.16.0"])
     assert streamer["regressions"] == [{
         "first_bad": "a-nightly-2", "verdict": "fail", "last_good": "c-nightly-1", "fixed_in": "b-nightly-3",
         "changed": {"runai_model_streamer": ["0.17.0", "0.16.0"]},
+        "bisect": [{"change": "runai_model_streamer 0.17.0 → 0.16.0", "command": command, "needs": None}],
     }]
     assert cells[BASELINE_CELL]["regressions"] == []
 
     rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL)
     assert rc == 0
-    assert "first FAIL in a-nightly-2, last good c-nightly-1" in " ".join(out.split())
-    assert "passes again from b-nightly-3" in " ".join(out.split())
+    words = " ".join(out.split())
+    assert "first FAIL in a-nightly-2, last good c-nightly-1" in words
+    assert "passes again from b-nightly-3" in words
+    assert f"narrow runai_model_streamer 0.17.0 → 0.16.0: {command}" in words
     assert BASELINE_CELL not in out
+    assert_runs_as_far_as_the_probes(command, STREAMER_CELL, tmp_path)
+
+
+def assert_runs_as_far_as_the_probes(command: str, cell_id: str, tmp_path: Path) -> None:
+    """The printed bisect is one the CLI takes as it stands: its parser accepts every flag, the
+    matrix it names loads as `regbench bisect` loads it and holds the cell, and both ends are
+    among the releases its range selects (from the index's list, as bisect gets it from pip)."""
+    import yaml
+
+    from bench.cli import parser
+    from bench.store.matrixfile import load_config
+    from bench.versions import find_cell
+    from bench.weights.overlays import select_versions
+
+    argv = shlex.split(command)
+    assert argv[0] == "regbench"
+    args = parser().parse_args(argv[1:])
+    assert args.command == "bisect" and args.func.__module__ == "bench.commands.versions"
+    # synth's model path (/models/m) is on no machine, a real run's is: point it at a folder.
+    matrix = yaml.safe_load(Path(args.config).read_text())
+    (tmp_path / "model").mkdir()
+    matrix["models"][0]["path"] = str(tmp_path / "model")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(matrix))
+    assert find_cell(load_config(tmp_path / "config.yaml"), args.cell).id == cell_id
+    selected = select_versions(args.streamer, ["0.15.0", "0.16.0", "0.16.1", "0.17.0", "0.17.1"])
+    assert selected == ["0.16.0", "0.16.1", "0.17.0"] and {args.good, args.bad} <= set(selected)
 
 
 def test_a_cell_failing_from_its_first_run_has_no_last_good_run(db, tmp_path, capsys):
@@ -190,9 +223,88 @@ def test_a_cell_failing_from_its_first_run_has_no_last_good_run(db, tmp_path, ca
     (cell,) = json.loads(out)["cells"]
     assert [p["verdict"] for p in cell["points"]] == ["fail", "flaky"]
     assert cell["regressions"] == [{"first_bad": "run-1", "verdict": "fail", "last_good": None, "fixed_in": None,
-                                    "changed": {}}]
+                                    "changed": {}, "bisect": []}]
     rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL)
     assert "first FAIL in run-1, no good run before it in the history" in " ".join(out.split())
+
+
+def test_a_slowed_run_is_flagged_against_the_window_of_good_runs_and_a_normal_one_is_not(db, tmp_path, capsys):
+    """Four good nights, one whose servers are all half as slow again, then a normal one: the slow
+    night is flagged on every timed metric by compare's rule, against the four before it; the
+    normal night after it is not (and its window leaves the slow night out)."""
+    root = tmp_path / "results"
+    nights = [f"night-{i}" for i in range(1, 7)]
+    for i, run_id in enumerate(nights):
+        started(synth.timed(root, run_id, slower=1.5 if run_id == "night-5" else 1.0), 1_000_000 * (i + 1))
+    rc, _, _ = cli(capsys, "history", "ingest", *(str(root / r) for r in nights), "--history", db)
+    assert rc == 0
+
+    history = open_history(db)
+    try:
+        # One value per fresh server and metric; their median is the cell's stored median.
+        values = history.run_values(STREAMER_CELL)
+        assert {(v.run_id, v.metric) for v in values if v.run_id == "night-1"} == {
+            ("night-1", m) for m in ("boot_s", "latency_s", "throughput_tok_s", "tokens_per_s")}
+        for m in history.perf(STREAMER_CELL):
+            mine = [v.value for v in values if (v.run_id, v.metric) == (m.run_id, m.metric)]
+            assert len(mine) == m.runs == 3 and statistics.median(mine) == pytest.approx(m.median)
+    finally:
+        history.close()
+
+    rc, out, _ = cli(capsys, "history", "--history", db, "--json")
+    assert rc == 0
+    view = json.loads(out)
+    assert view["window"] == 5
+    for cell in view["cells"]:
+        flagged = {(s["run_id"], s["check"]["metric"]): s for s in cell["slowdowns"]}
+        assert set(flagged) == {("night-5", m) for m in ("boot_s", "latency_s", "throughput_tok_s", "tokens_per_s")}
+        for s in flagged.values():
+            assert s["window"] == nights[:4]
+            check = s["check"]
+            assert check["verdict"] == "slower" and check["ci"][0] > check["threshold"] and check["runs"] == [12, 3]
+        assert cell["regressions"] == [] and cell["too_few_runs"] == []
+
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL)
+    words = " ".join(out.split())
+    assert f"{STREAMER_CELL}: night-5: boot slower: 40.0 s → 60.0 s, ×1.50 worse" in words
+    assert "against 4 good run(s) (night-1 … night-4)" in words
+    assert "night-6:" not in words and "night-4:" not in words
+
+    # A window of 2: the last two good nights only; and a night with two servers cannot be told.
+    started(synth.timed(root, "night-7", slower=1.5, repeats=2), 7_000_000)
+    rc, _, _ = cli(capsys, "history", "ingest", str(root / "night-7"), "--history", db)
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--window", "2", "--json")
+    (cell,) = json.loads(out)["cells"]
+    assert {tuple(s["window"]) for s in cell["slowdowns"]} == {("night-3", "night-4")}
+    assert {s["run_id"] for s in cell["slowdowns"]} == {"night-5"}
+    assert cell["too_few_runs"] == ["night-7"]
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL)
+    assert "1 run(s) had fewer than 3 fresh servers measuring performance" in " ".join(out.split())
+    rc, _, err = cli(capsys, "history", "--history", db, "--window", "0")
+    assert rc == 2 and "--window 0: must be at least 1" in err
+
+
+def test_the_check_across_runs_is_compares_rule_and_a_slow_run_stays_out_of_later_windows():
+    """The pure rule on made-up values: a run slower than its window is flagged with exactly the
+    check bench.core.perf.slowdown gives; one with too few servers of its own is not checked (but
+    its servers count in later windows), a failing run is no window run, and the slow run is kept
+    out of the next run's window, so a slowdown that stays is flagged again."""
+    from bench.core.history import slowdowns_across
+    from bench.core.perf import slowdown
+
+    def timed_point(run_id: str, latency: list[float], verdict: Verdict = Verdict.PASS) -> CellPoint:
+        return point(run_id, verdict).model_copy(update={"values": {"latency_s": latency}})
+
+    steady = [0.50, 0.51, 0.49]
+    slow = [0.80, 0.82, 0.79]
+    points = [timed_point("1", steady), timed_point("2", steady), timed_point("3", [0.52, 0.5]),
+              timed_point("4", steady, Verdict.FAIL), timed_point("5", slow), timed_point("6", slow),
+              timed_point("7", steady)]
+    found = slowdowns_across(points, window=5)
+    assert [(s.run_id, s.window) for s in found] == [("5", ["1", "2", "3"]), ("6", ["1", "2", "3"])]
+    assert found[0].check == slowdown("latency_s", [*steady, *steady, 0.52, 0.5], slow)
+    # A window of 2: the last two good runs before it only.
+    assert [s.window for s in slowdowns_across(points, window=2)] == [["2", "3"], ["2", "3"]]
 
 
 def point(run_id: str, verdict: Verdict, streamer: str = "0.17.0") -> CellPoint:
@@ -210,17 +322,49 @@ def test_flaky_after_passing_is_a_regression_and_not_run_neither_breaks_nor_mend
     assert found[0].changed == {"runai_model_streamer": ("0.17.0", "0.16.0")}
 
 
+def test_a_container_or_vllm_change_names_the_image_bisect_and_what_its_matrix_must_hold():
+    """A streamer release in a local image is an overlay: that bisect runs as printed. In a
+    container, or for vLLM, only another image changes it: the command is the image axis's, with
+    the words to fill in named, never images the history cannot know."""
+    digests = {"1": "vllm/vllm-openai@sha256:aaa", "2": "vllm/vllm-openai@sha256:bbb"}
+
+    def at(run_id: str, verdict: Verdict, streamer: str, vllm: str, ref: str | None) -> CellPoint:
+        return point(run_id, verdict, streamer).model_copy(update={
+            "vllm": vllm, "image_ref": ref, "image_digest": digests[run_id] if ref else None, "source": f"/r/{run_id}"})
+
+    cell = "m__runai_streamer__h200__nightly"
+    ref = "vllm/vllm-openai:nightly"
+    (r,) = regressions([at("1", Verdict.PASS, "0.17.0", "0.32.0", ref), at("2", Verdict.FAIL, "0.16.0", "0.33.0", ref)],
+                       cell)
+    (hint,) = r.bisect
+    assert hint.change == ("vllm 0.32.0 → 0.33.0, runai_model_streamer 0.17.0 → 0.16.0, image_digest "
+                           "vllm/vllm-openai@sha256:aaa → vllm/vllm-openai@sha256:bbb")
+    assert hint.command == "regbench bisect --config MATRIX --cell CELL --images OLD,…,NEW --good OLD --bad NEW"
+    assert hint.needs is not None
+    assert "(vllm/vllm-openai@sha256:aaa) to the first bad run's (vllm/vllm-openai@sha256:bbb)" in hint.needs
+    assert "m__runai_streamer__h200__ with any of them" in hint.needs
+    # Local: the streamer's own bisect as it runs, and the image axis for vLLM.
+    (r,) = regressions([at("1", Verdict.PASS, "0.17.0", "0.32.0", None), at("2", Verdict.FLAKY, "0.16.0", "0.33.0", None)],
+                       cell)
+    assert [h.change for h in r.bisect] == ["runai_model_streamer 0.17.0 → 0.16.0", "vllm 0.32.0 → 0.33.0"]
+    assert r.bisect[0].needs is None and r.bisect[0].command.startswith("regbench bisect --config /r/2/config.yaml ")
+    # Nothing in the fingerprints changed: nothing to bisect.
+    (r,) = regressions([at("1", Verdict.PASS, "0.17.0", "0.32.0", None), at("2", Verdict.FAIL, "0.17.0", "0.32.0", None)],
+                       cell)
+    assert r.bisect == []
+
+
 def test_the_schema_version_is_recorded_and_reopening_does_not_migrate_again(db):
     first = open_history(db)
     try:
-        assert first.migrated == [1]
-        assert first.schema_version() == 1
+        assert first.migrated == [1, 2]
+        assert first.schema_version() == 2
     finally:
         first.close()
     again = open_history(db)
     try:
         assert again.migrated == []
-        assert [(v, bool(when)) for v, _, when in again.migrations()] == [(1, True)]
+        assert [(v, bool(when)) for v, _, when in again.migrations()] == [(1, True), (2, True)]
     finally:
         again.close()
 
@@ -229,9 +373,51 @@ def test_two_processes_opening_a_new_database_at_once_migrate_it_once(db):
     assert at_once(open_at_once, (db,), (db,)) == [MIGRATED, NOTHING_TO_DO]
     history = open_history(db)
     try:
-        assert [v for v, _, _ in history.migrations()] == [1]
+        assert [v for v, _, _ in history.migrations()] == [1, 2]
     finally:
         history.close()
+
+
+def test_a_version_1_database_migrates_to_2_and_keeps_its_runs(db, tmp_path, capsys, monkeypatch):
+    """A database made by the regbench of schema version 1 (its migrations only: released ones
+    never change), with a run in it, opened by this one: version 2's table is added, the old run
+    reads as before (without per-server values), new runs carry them, and the view takes both."""
+    import bench.store.history as store
+
+    root = tmp_path / "results"
+    old = started(synth.timed(root, "old"), 1_000_000).path
+    new = started(synth.timed(root, "new", slower=1.5), 2_000_000).path
+    with monkeypatch.context() as v1:
+        v1.setattr(store, "MIGRATIONS", store.MIGRATIONS[:1])
+        v1.setattr(store, "SCHEMA_VERSION", 1)
+        history = open_history(db)
+        try:
+            assert history.migrated == [1]
+            # What version 1's ingest stored: no per-server values, its table did not exist.
+            assert history.add(entry_from_folder(old).model_copy(update={"values": []})) is True
+        finally:
+            history.close()
+
+    history = open_history(db)
+    try:
+        assert history.migrated == [2] and history.schema_version() == 2
+        assert [r.run_id for r in history.runs()] == ["old"] and len(history.cells()) == 2
+        assert {p.run_id for p in history.perf()} == {"old"} and history.run_values() == []
+    finally:
+        history.close()
+    rc, _, _ = cli(capsys, "history", "ingest", str(new), "--history", db)
+    assert rc == 0
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--json")
+    (cell,) = json.loads(out)["cells"]
+    assert [(p["run_id"], sorted(p["values"])) for p in cell["points"]] == [
+        ("old", []), ("new", ["boot_s", "latency_s", "throughput_tok_s", "tokens_per_s"])]
+    assert cell["slowdowns"] == []  # the old run has no values to be a window with
+
+    with monkeypatch.context() as v1:  # and version 1's regbench, meeting it now, asks for an upgrade
+        v1.setattr(store, "MIGRATIONS", store.MIGRATIONS[:1])
+        v1.setattr(store, "SCHEMA_VERSION", 1)
+        with pytest.raises(HistoryError, match="schema version 2 is newer than this regbench's \\(1\\)"):
+            open_history(db)
 
 
 def test_a_run_is_stored_whole_or_not_at_all(db, tmp_path):

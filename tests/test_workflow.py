@@ -113,4 +113,33 @@ def test_a_nightly_per_shipped_gpu_platform_each_on_its_own_runners():
     assert len(set(labels)) == len(labels)  # no two platforms share runners
     called = _on(yaml.safe_load(WORKFLOW.read_text()))["workflow_call"]
     assert called["inputs"]["config"]["required"] is True
-    assert set(called["secrets"]) == {"HF_TOKEN", "REGISTRY_USERNAME", "REGISTRY_PASSWORD"}
+    assert set(called["secrets"]) == {"HF_TOKEN", "REGISTRY_USERNAME", "REGISTRY_PASSWORD", "REGBENCH_HISTORY_URL"}
+
+
+def test_the_merged_run_goes_into_the_history_and_its_trend_page_is_published():
+    """After the merge: `regbench history ingest` of the merged run, into the database the
+    REGBENCH_HISTORY_URL secret names (else the default SQLite beside the merged run), then the
+    trend page of that same database, uploaded; a history out of reach does not fail the verdict."""
+    flow = yaml.safe_load(WORKFLOW.read_text())
+    steps = flow["jobs"]["merge"]["steps"]
+    (i,) = [i for i, s in enumerate(steps) if s.get("id") == "history"]
+    step = steps[i]
+    merge = next(j for j, s in enumerate(steps) if s.get("id") == "merge")
+    assert merge < i and step["continue-on-error"] is True
+    assert step["if"] == "always() && steps.merge.outcome == 'success'"
+    assert step["env"]["REGBENCH_HISTORY_URL"] == "${{ secrets.REGBENCH_HISTORY_URL }}"
+    script = step["run"]
+    assert 'if [ -n "$REGBENCH_HISTORY_URL" ]; then history=(--history "$REGBENCH_HISTORY_URL"); fi' in script
+    assert '.venv/bin/regbench history ingest "merged/$RUN_ID" "${history[@]}"' in script
+    # The view reads the same database: the URL, or merged/history.sqlite (ingest's default for merged/RUN_ID).
+    assert '.venv/bin/regbench history --results merged "${history[@]}" --html "trend/history-$RUN_ID.html"' in script
+    (upload,) = [s for s in steps[i + 1:] if s.get("with", {}).get("path") == "trend/"]
+    assert str(upload["uses"]).startswith("actions/upload-artifact@")
+    assert upload["if"] == "always() && steps.history.outcome == 'success'"
+    assert upload["with"]["name"] == "history-${{ env.RUN_ID }}"
+    # The flags the step passes are the command's own.
+    from bench.cli import parser
+
+    for argv in (["history", "ingest", "merged/r", "--history", "sqlite:///x"],
+                 ["history", "--results", "merged", "--history", "sqlite:///x", "--html", "trend/h.html"]):
+        parser().parse_args(argv)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from bench.commands.console import err, out
 from bench.core.config import ConfigError
 from bench.core.errors import EXIT_PASS, EXIT_USAGE, RegbenchError
-from bench.report.history import history_table, regression_lines
-from bench.store.history import DEFAULT_NAME, default_url, ingest, open_history
+from bench.core.history import DEFAULT_WINDOW
+from bench.report.history import history_table, regression_lines, slowdown_lines
+from bench.report.trend import Trend, render_trend
+from bench.store.history import DEFAULT_NAME, default_url, ingest, open_history, write_page
 
 _URL_HELP = (f"the history database as an SQLAlchemy URL (default: {DEFAULT_NAME} in the results root), e.g. "
              "postgresql+psycopg://regbench@db.example/regbench for one shared by several runners")
@@ -22,13 +25,21 @@ def add_cli_args(sub) -> None:
         "history", help="every cell across the runs in the history database, and the run where it broke",
         description="Per cell, the runs in the history in the order they started: image, vLLM and streamer "
                     "versions, verdict, failures/runs with the Wilson 95 % interval; then the first run "
-                    "where a passing cell turned failing or flaky, and the last run before it that passed. "
+                    "where a passing cell turned failing or flaky, the last run before it that passed and "
+                    "the bisect that narrows what changed between them; and each run slower than the last "
+                    "--window good runs before it, by regbench compare's bootstrap rule. "
                     "`regbench history ingest DIR...` adds results folders.")
     h.add_argument("--history", metavar="URL", help=_URL_HELP)
     h.add_argument("--results", default="results", metavar="DIR",
                    help=f"the results root whose {DEFAULT_NAME} is the default database (default: results)")
     h.add_argument("--cell", metavar="ID", help="only this cell (model__load-format__platform__image)")
     h.add_argument("--json", action="store_true", help="print the history as JSON")
+    h.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+                   help=f"compare each run's performance with the last N runs of its cell that passed "
+                        f"(default {DEFAULT_WINDOW})")
+    h.add_argument("--html", metavar="FILE",
+                   help="write a self-contained trend page: per cell its verdicts and per metric its medians "
+                        "over the runs, breaks and slowdowns marked (instead of the tables)")
     h.set_defaults(func=main)
     actions = h.add_subparsers(dest="action", metavar="ingest")
     ing = actions.add_parser(
@@ -70,24 +81,33 @@ def ingest_main(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.window < 1:
+        raise ConfigError(f"--window {args.window}: must be at least 1")
     history = open_history(args.history or default_url(Path(args.results)), create=False)
     try:
         if args.cell is not None and args.cell not in (known := history.cell_ids()):
             raise ConfigError(f"--cell {args.cell}: no such cell in the history {history.shown}"
                               + (f"; cells: {', '.join(known)}" if known else " (it holds no run)"))
-        cells = history.histories(args.cell)
+        cells = history.histories(args.cell, window=args.window)
         version = history.schema_version()
     finally:
         history.close()
+    if args.html:
+        page = render_trend(Trend(database=history.shown, schema_version=version, window=args.window, cells=cells,
+                                  generated_at=time.time()))
+        write_page(Path(args.html), page)
+        err.print(f"trend page: {args.html}", highlight=False, markup=False)
     if args.json:
-        print(json.dumps({"database": history.shown, "schema_version": version,
+        print(json.dumps({"database": history.shown, "schema_version": version, "window": args.window,
                           "cells": [h.model_dump(mode="json") for h in cells]}, indent=2))
+        return EXIT_PASS
+    if args.html:
         return EXIT_PASS
     if not cells:
         out.print(f"no run in the history {history.shown}: regbench history ingest DIR... adds some",
                   highlight=False, markup=False)
     for h in cells:
         out.print(history_table(h))
-        for line in regression_lines(h):
+        for line in [*regression_lines(h), *slowdown_lines(h, args.window)]:
             out.print(line, highlight=False, markup=False)
     return EXIT_PASS

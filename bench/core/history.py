@@ -10,16 +10,31 @@ the cell's verdict is fail or flaky after a run where it passed; the run before 
 its *last good* run. Flaky counts as broken: a cell that fails one run in five after passing
 twenty is the nightly a release manager wants named. Runs where the cell did not run (not in the
 matrix, NOT RUN) neither break nor mend it. A cell that never passed before failing has no last
-good run, and says so; one that passes again names the run that fixed it.
+good run, and says so; one that passes again names the run that fixed it. Where the fingerprints
+of the last good run and the first bad one differ, the break names the `regbench bisect` that
+narrows it, when the matrix can replay it as it stands.
+
+A *slowdown across runs* is `regbench compare`'s rule (bench.core.perf.slowdown) applied to one run
+of a cell against a window of its earlier good runs: per metric, the per-run values (one per fresh
+server) of the last `window` runs that passed and measured it, pooled, as side A; the run's own
+per-run values as side B. A run flagged slower on a metric does not enter that metric's later
+windows, so a slowdown stays flagged until the cell is fast again, as a break stays named until it
+is fixed; it still enters the other metrics' windows and, if it passed, the verdict's.
 """
 
 from __future__ import annotations
 
+import shlex
+from collections import defaultdict
+from collections.abc import Iterable
+
+from packaging.version import InvalidVersion, Version
 from pydantic import Field
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.matrix import matrix_image
-from bench.core.records import Fingerprint, Record, Summary
+from bench.core.perf import METRICS, MIN_RUNS, SlowdownCheck, run_values, slowdown
+from bench.core.records import Fingerprint, Record, RequestRecord, RunRecord, Summary
 from bench.core.stats import percent_range
 from bench.core.verdicts import Verdict
 
@@ -73,6 +88,17 @@ class StoredPerf(Record):
     samples: int
 
 
+class StoredRunValue(Record):
+    """One fresh server's value of one metric (a request-level metric: the median of its requests):
+    what the slowdown rule resamples. The cell's `StoredPerf.median` is the median of these."""
+
+    run_id: str
+    cell_id: str
+    metric: str
+    repeat: int
+    value: float
+
+
 class RunEntry(Record):
     """One run as the history stores it: all its rows, or none of them."""
 
@@ -80,10 +106,32 @@ class RunEntry(Record):
     cells: list[StoredCell]
     fingerprints: list[StoredFingerprint]
     perf: list[StoredPerf]
+    values: list[StoredRunValue] = Field(default_factory=list)
 
 
-def entry_of(summary: Summary, diagnosis: Diagnosis, fingerprints: list[Fingerprint], source: str) -> RunEntry:
-    """A judged run (bench.core.judge.judge) and its diagnosis as history rows."""
+def run_values_of(summary: Summary, runs: Iterable[RunRecord], requests: Iterable[RequestRecord]) -> list[StoredRunValue]:
+    """Per cell, metric and fresh server, the value `judge`'s cell_perf took its median over: the
+    same runs (not interrupted) and the same per-run rule (bench.core.perf.run_values)."""
+    runs_of: dict[str, dict[int, RunRecord]] = defaultdict(dict)
+    for r in runs:
+        if not r.interrupted:
+            runs_of[r.cell_id][r.repeat] = r  # a repeat recorded twice: its last record, as the folder reads
+    reqs_of: dict[tuple[str, int], list[RequestRecord]] = defaultdict(list)
+    for q in requests:
+        reqs_of[(q.cell_id, q.repeat)].append(q)
+    out = []
+    for c in summary.cells:
+        for repeat, run in sorted(runs_of.get(c.cell_id, {}).items()):
+            for metric, values in run_values([run], reqs_of.get((c.cell_id, repeat), [])).items():
+                out.append(StoredRunValue(run_id=summary.run_id, cell_id=c.cell_id, metric=metric, repeat=repeat,
+                                          value=values[0]))
+    return out
+
+
+def entry_of(summary: Summary, diagnosis: Diagnosis, fingerprints: list[Fingerprint], source: str,
+             runs: Iterable[RunRecord] = (), requests: Iterable[RequestRecord] = ()) -> RunEntry:
+    """A judged run (bench.core.judge.judge) and its diagnosis as history rows; with the run's
+    records, each server's performance values too."""
     run_id = summary.run_id
     first_match = {d.cell_id: d.matches[0].signature for d in diagnosis.cells if d.matches}
     cells = [StoredCell(
@@ -101,7 +149,8 @@ def entry_of(summary: Summary, diagnosis: Diagnosis, fingerprints: list[Fingerpr
     run = StoredRun(run_id=run_id, config_name=summary.config_name, started_at=summary.started_at,
                     finished_at=summary.finished_at, exit_code=summary.exit_code, interrupted=summary.interrupted,
                     source=source)
-    return RunEntry(run=run, cells=cells, fingerprints=stored_prints, perf=perf)
+    return RunEntry(run=run, cells=cells, fingerprints=stored_prints, perf=perf,
+                    values=run_values_of(summary, runs, requests))
 
 
 class CellPoint(Record):
@@ -121,6 +170,10 @@ class CellPoint(Record):
     reasons: dict[str, int]
     signature: str | None
     perf: dict[str, float]  # metric -> median over the cell's runs
+    # metric -> one value per fresh server, by repeat; empty for runs ingested before schema version 2
+    values: dict[str, list[float]] = Field(default_factory=dict)
+    source: str = ""  # the results folder the run was ingested from
+    image_ref: str | None = None  # a container image's reference; None: a local image (a venv)
 
     @property
     def good(self) -> bool:
@@ -135,6 +188,17 @@ class CellPoint(Record):
         return f"{self.failures}/{self.runs}{interval}"
 
 
+class BisectHint(Record):
+    """The command that narrows one change of a break to one version."""
+
+    change: str  # "runai_model_streamer 0.17.0 → 0.16.0"
+    command: str  # as it runs, or with the upper-case words of `needs` to fill in
+    needs: str | None = None  # what the command's placeholders stand for; None: it runs as printed
+
+    def text(self) -> str:
+        return f"{self.change}: {self.command}" + (f" ({self.needs})" if self.needs else "")
+
+
 class Regression(Record):
     """Where a cell broke: the first run failing or flaky, and the last run before it that passed
     (None: it never passed before), and the first run after it that passed again, if any."""
@@ -144,6 +208,7 @@ class Regression(Record):
     last_good: str | None
     fixed_in: str | None = None
     changed: dict[str, tuple[str | None, str | None]] = Field(default_factory=dict)  # fingerprint field -> (last good, first bad)
+    bisect: list[BisectHint] = Field(default_factory=list)  # how to narrow each change (bisect_hints)
 
     def text(self) -> str:
         before = (f"last good {self.last_good}" if self.last_good is not None
@@ -153,10 +218,70 @@ class Regression(Record):
         return f"first {self.verdict.value.upper()} in {self.first_bad}, {before}{changes}{fixed}"
 
 
+def _version_range(a: str, b: str) -> str:
+    """bisect's --streamer A..B wants the older release first, whichever end broke."""
+    try:
+        older, newer = sorted((a, b), key=Version)
+    except InvalidVersion:
+        return f"{a},{b}"  # not a release number the index could order: the two ends only
+    return f"{older}..{newer}"
+
+
+def bisect_hints(cell_id: str, good: CellPoint, bad: CellPoint,
+                 changed: dict[str, tuple[str | None, str | None]]) -> list[BisectHint]:
+    """How to narrow a break to one version, per axis that changed between the last good run and
+    the first bad one. A streamer release is an overlay on a local image, so its bisect runs as
+    printed, on the bad run's own matrix (its results folder keeps it, paths resolved). A vLLM
+    release or an image digest is an image of the matrix: the command names what a matrix of one
+    image per release between the two must hold, never images the history cannot know."""
+    out = []
+    streamer = changed.get("runai_model_streamer")
+    local = good.image_ref is None and bad.image_ref is None
+    if streamer is not None and None not in streamer and local and bad.source:
+        a, b = str(streamer[0]), str(streamer[1])
+        out.append(BisectHint(change=f"runai_model_streamer {a} → {b}", command=shlex.join([
+            "regbench", "bisect", "--config", f"{bad.source}/config.yaml", "--cell", cell_id,
+            "--streamer", _version_range(a, b), "--good", a, "--bad", b])))
+    # In a container the streamer comes with the image: only another image changes it.
+    image_axis = [k for k in ("vllm", "runai_model_streamer", "image_digest")
+                  if k in changed and (k != "runai_model_streamer" or not local)]
+    if image_axis:
+        def shown(p: CellPoint) -> str:
+            return p.image_digest or p.image_ref or p.image
+
+        out.append(BisectHint(
+            change=", ".join(f"{k} {changed[k][0]} → {changed[k][1]}" for k in image_axis),
+            command="regbench bisect --config MATRIX --cell CELL --images OLD,…,NEW --good OLD --bad NEW",
+            needs=(f"MATRIX: a matrix with one image per release from the last good run's ({shown(good)}) to the "
+                   f"first bad run's ({shown(bad)}), OLD to NEW; CELL: its cell {cell_id.rsplit('__', 1)[0]}__ "
+                   "with any of them")))
+    return out
+
+
+class Slowdown(Record):
+    """A run slower than its cell's window of good runs on one metric, by compare's rule."""
+
+    run_id: str
+    window: list[str]  # the good runs it was compared with, oldest first
+    check: SlowdownCheck
+
+    def text(self) -> str:
+        first, last = self.window[0], self.window[-1]
+        runs = first if first == last else f"{first} … {last}"
+        return f"{self.run_id}: {self.check.text()}, against {len(self.window)} good run(s) ({runs})"
+
+
 class CellHistory(Record):
     cell_id: str
     points: list[CellPoint]  # in the order the runs started
     regressions: list[Regression]
+    slowdowns: list[Slowdown] = Field(default_factory=list)  # oldest first
+    # Runs that measured performance with fewer fresh servers than the rule needs (MIN_RUNS): they
+    # cannot be flagged slower, whatever their figures.
+    too_few_runs: list[str] = Field(default_factory=list)
+
+
+DEFAULT_WINDOW = 5
 
 
 def ordered(runs: list[StoredRun]) -> list[StoredRun]:
@@ -164,7 +289,7 @@ def ordered(runs: list[StoredRun]) -> list[StoredRun]:
     return sorted(runs, key=lambda r: (r.started_at, r.run_id))
 
 
-def regressions(points: list[CellPoint]) -> list[Regression]:
+def regressions(points: list[CellPoint], cell_id: str = "") -> list[Regression]:
     """Each time the cell went from passing (or from the start of the history) to failing or flaky,
     oldest first."""
     out: list[Regression] = []
@@ -184,29 +309,78 @@ def regressions(points: list[CellPoint]) -> list[Regression]:
                     if a != b:
                         changed[field] = (a, b)
             open_ = Regression(first_bad=p.run_id, verdict=p.verdict,
-                               last_good=last_good.run_id if last_good else None, changed=changed)
+                               last_good=last_good.run_id if last_good else None, changed=changed,
+                               bisect=bisect_hints(cell_id, last_good, p, changed) if last_good and cell_id else [])
             out.append(open_)
+    return out
+
+
+def _cannot_be_slower(metric: str, a: list[float], b: list[float], limit: float) -> bool:
+    """Whether no resample's ratio can exceed the threshold: a median lies between its sample's
+    extremes, so the most a resampled ratio can be is max(b)/min(a) (min(b)/max(a) for a rate).
+    Then the check cannot say slower, and its 2 × 2000 resamples are spared: most checks of a
+    steady history end here."""
+    if METRICS[metric].worse == "lower":
+        a, b = b, a
+    return min(a) > 0 and max(b) / min(a) <= limit
+
+
+def slowdowns_across(points: list[CellPoint], window: int = DEFAULT_WINDOW,
+                     thresholds: dict[str, float] | None = None) -> list[Slowdown]:
+    """Each run (in start order) against the last `window` runs before it that passed and measured
+    the metric, per metric, by bench.core.perf.slowdown; only the runs it calls slower."""
+    out: list[Slowdown] = []
+    slower: set[tuple[str, str]] = set()  # (run id, metric) flagged: kept out of that metric's windows
+    for i, p in enumerate(points):
+        for metric in METRICS:
+            b = p.values.get(metric, [])
+            if len(b) < MIN_RUNS:
+                continue  # the rule's "not enough repeats": nothing to flag
+            good = [q for q in points[:i] if q.good and q.values.get(metric) and (q.run_id, metric) not in slower]
+            good = good[-window:]
+            a = [v for q in good for v in q.values[metric]]
+            if len(a) < MIN_RUNS:
+                continue
+            limit = (thresholds or {}).get(metric, METRICS[metric].threshold)
+            if _cannot_be_slower(metric, a, b, limit):
+                continue
+            check = slowdown(metric, a, b, limit)
+            if check is not None and check.verdict == "slower":
+                slower.add((p.run_id, metric))
+                out.append(Slowdown(run_id=p.run_id, window=[q.run_id for q in good], check=check))
     return out
 
 
 def cell_histories(
     runs: list[StoredRun], cells: list[StoredCell], fingerprints: list[StoredFingerprint], perf: list[StoredPerf],
+    values: list[StoredRunValue] | None = None, window: int = DEFAULT_WINDOW,
 ) -> list[CellHistory]:
-    """Every cell across the runs given, cells in id order, each cell's runs by start time."""
+    """Every cell across the runs given, cells in id order, each cell's runs by start time, with
+    its breaks and its slowdowns against a window of `window` good runs."""
     order = {r.run_id: (i, r) for i, r in enumerate(ordered(runs))}
     # A knob's cell runs its original image: one fingerprint for both.
     prints = {(f.run_id, f.image): f for f in fingerprints}
     medians: dict[tuple[str, str], dict[str, float]] = {}
     for m in perf:
         medians.setdefault((m.run_id, m.cell_id), {})[m.metric] = m.median
+    per_server: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
+    for v in values or []:
+        per_server.setdefault((v.run_id, v.cell_id), {}).setdefault(v.metric, []).append((v.repeat, v.value))
     by_cell: dict[str, list[CellPoint]] = {}
     for c in sorted((c for c in cells if c.run_id in order), key=lambda c: (c.cell_id, order[c.run_id][0])):
         fp = prints.get((c.run_id, matrix_image(c.image)))
+        run = order[c.run_id][1]
         by_cell.setdefault(c.cell_id, []).append(CellPoint(
-            run_id=c.run_id, started_at=order[c.run_id][1].started_at, image=c.image,
+            run_id=c.run_id, started_at=run.started_at, image=c.image,
             vllm=fp.vllm if fp else None, runai_model_streamer=fp.runai_model_streamer if fp else None,
             torch=fp.torch if fp else None, image_digest=fp.image_digest if fp else None,
             verdict=c.verdict, failures=c.failures, runs=c.runs, interval=c.interval, reasons=c.reasons,
             signature=c.signature, perf=medians.get((c.run_id, c.cell_id), {}),
+            values={k: [x for _, x in sorted(vs)] for k, vs in per_server.get((c.run_id, c.cell_id), {}).items()},
+            source=run.source, image_ref=fp.image_ref if fp else None,
         ))
-    return [CellHistory(cell_id=cid, points=points, regressions=regressions(points)) for cid, points in by_cell.items()]
+    return [CellHistory(
+        cell_id=cid, points=points, regressions=regressions(points, cid),
+        slowdowns=slowdowns_across(points, window),
+        too_few_runs=[p.run_id for p in points if p.values and max(map(len, p.values.values())) < MIN_RUNS],
+    ) for cid, points in by_cell.items()]

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench.core.history import CellHistory
+from bench.core.perf import MIN_RUNS
 from bench.core.verdicts import Verdict
 
 _MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
@@ -31,7 +32,28 @@ def history_table(h: CellHistory) -> Table:
 
 
 def regression_lines(h: CellHistory) -> list[str]:
-    """Plain lines under the table: each break, or that the cell never broke."""
+    """Plain lines under the table: each break and how to narrow it, or that the cell never broke."""
     if not h.regressions:
         return [f"{h.cell_id}: no failing or flaky run in the history"]
-    return [f"{h.cell_id}: {r.text()}" for r in h.regressions]
+    out = []
+    for r in h.regressions:
+        out.append(f"{h.cell_id}: {r.text()}")
+        out += [f"  narrow {hint.text()}" for hint in r.bisect]
+    return out
+
+
+def slowdown_lines(h: CellHistory, window: int) -> list[str]:
+    """Each run flagged slower than its window of good runs, or that none was; and the runs too
+    small for the rule to flag at all."""
+    if h.slowdowns:
+        out = [f"{h.cell_id}: {s.text()}" for s in h.slowdowns]
+    else:
+        out = [f"{h.cell_id}: no run slower than the last {window} good runs before it"]
+    unvalued = [p for p in h.points if p.perf and not p.values]
+    if unvalued:
+        out.append(f"{h.cell_id}: {len(unvalued)} run(s) stored without per-server values (before schema version 2, or "
+                   "without the run's records): neither checked nor in a window")
+    if h.too_few_runs:
+        out.append(f"{h.cell_id}: {len(h.too_few_runs)} run(s) had fewer than {MIN_RUNS} fresh servers measuring "
+                   "performance: not enough repeats to tell a slowdown")
+    return out

@@ -55,8 +55,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 
-from bench.core.errors import RegbenchError
+from bench.core.errors import EXIT_WRITE, RegbenchError
 from bench.core.history import (
+    DEFAULT_WINDOW,
     FINGERPRINT_FIELDS,
     CellHistory,
     RunEntry,
@@ -64,6 +65,7 @@ from bench.core.history import (
     StoredFingerprint,
     StoredPerf,
     StoredRun,
+    StoredRunValue,
     cell_histories,
     entry_of,
 )
@@ -81,6 +83,12 @@ _MIGRATION_LOCK = 0x72656762  # "regb"
 
 class HistoryError(RegbenchError):
     """The history database cannot be opened, migrated, read or written."""
+
+
+class TrendWriteError(RegbenchError):
+    """The trend page could not be written."""
+
+    exit_code = EXIT_WRITE
 
 
 def default_url(results_root: Path) -> str:
@@ -137,22 +145,49 @@ def _schema_v1(md: MetaData) -> None:
                                ondelete="CASCADE"))
 
 
+def _schema_v2(md: MetaData) -> None:
+    """The table version 2 added: each fresh server's value of each metric, what the slowdown
+    rule across runs resamples (the medians alone cannot give an interval). Frozen."""
+    Table("perf_runs", md,
+          Column("run_id", String(255), nullable=False),
+          Column("cell_id", String(512), nullable=False),
+          Column("metric", String(64), nullable=False),
+          Column("repeat", Integer, nullable=False),
+          Column("value", Float, nullable=False),
+          PrimaryKeyConstraint("run_id", "cell_id", "metric", "repeat", name="perf_runs_pk"),
+          ForeignKeyConstraint(["run_id", "cell_id"], ["cells.run_id", "cells.cell_id"], name="perf_runs_cell_fk",
+                               ondelete="CASCADE"))
+
+
 def _migrate_1(conn: Connection) -> None:
     md = MetaData()
     _schema_v1(md)
     md.create_all(conn)
 
 
+def _migrate_2(conn: Connection) -> None:
+    # Version 1's tables are declared too, for the foreign key to name; only the new one is created.
+    md = MetaData()
+    _schema_v1(md)
+    _schema_v2(md)
+    md.tables["perf_runs"].create(conn)
+
+
 # (version, what it does, the migration): applied in order, each at most once per database.
+# Runs stored before version 2 keep their medians and have no per-server values: the slowdown
+# check leaves them out of its windows (ingest keeps a run as first stored, so they stay so).
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "runs, cells, fingerprints and performance medians per run", _migrate_1),
+    (2, "performance values per fresh server, for slowdowns across runs", _migrate_2),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-# The tables as the code reads and writes them: the latest schema (today version 1's).
+# The tables as the code reads and writes them: the latest schema (version 1's and 2's).
 META = MetaData()
 _schema_v1(META)
-RUNS, CELLS, FINGERPRINTS, PERF = (META.tables[n] for n in ("runs", "cells", "fingerprints", "perf"))
+_schema_v2(META)
+RUNS, CELLS, FINGERPRINTS, PERF, PERF_RUNS = (
+    META.tables[n] for n in ("runs", "cells", "fingerprints", "perf", "perf_runs"))
 # Made before any migration, outside the migrations: it is where they are recorded.
 VERSION_META = MetaData()
 SCHEMA_VERSION_TABLE = Table(
@@ -266,6 +301,8 @@ class History:
                     conn.execute(insert(FINGERPRINTS), [f.model_dump() for f in entry.fingerprints])
                 if entry.perf:
                     conn.execute(insert(PERF), [p.model_dump() for p in entry.perf])
+                if entry.values:
+                    conn.execute(insert(PERF_RUNS), [v.model_dump() for v in entry.values])
         except IntegrityError as exc:
             if self.has_run(run.run_id):
                 return False
@@ -309,8 +346,17 @@ class History:
             rows = conn.execute(q).mappings().all()
         return [StoredPerf(**r) for r in rows]
 
-    def histories(self, cell_id: str | None = None) -> list[CellHistory]:
-        return cell_histories(self.runs(), self.cells(cell_id), self.fingerprints(), self.perf(cell_id))
+    def run_values(self, cell_id: str | None = None) -> list[StoredRunValue]:
+        q = select(PERF_RUNS)
+        if cell_id is not None:
+            q = q.where(PERF_RUNS.c.cell_id == cell_id)
+        with self._transaction("read it") as conn:
+            rows = conn.execute(q).mappings().all()
+        return [StoredRunValue(**r) for r in rows]
+
+    def histories(self, cell_id: str | None = None, window: int = DEFAULT_WINDOW) -> list[CellHistory]:
+        return cell_histories(self.runs(), self.cells(cell_id), self.fingerprints(), self.perf(cell_id),
+                              self.run_values(cell_id), window)
 
 
 def _cell_row(c: StoredCell) -> dict:
@@ -377,7 +423,7 @@ def entry_from_folder(path: Path) -> RunEntry:
     data = results.load()
     summary = judge(data)
     diagnosis = diagnose_results(results.path, data.config, summary, data.runs, data.requests, data.fingerprints)
-    return entry_of(summary, diagnosis, data.fingerprints, str(results.path))
+    return entry_of(summary, diagnosis, data.fingerprints, str(results.path), data.runs, data.requests)
 
 
 def _being_written(path: Path) -> bool:
@@ -394,6 +440,18 @@ def _being_written(path: Path) -> bool:
         return exc.errno in (errno.EWOULDBLOCK, errno.EACCES)
     finally:
         os.close(fd)  # releases the probe's lock, if it got it
+
+
+def write_page(path: Path, page: str) -> None:
+    """The trend page, whole: written beside its final name and renamed, so a reader (a CI step
+    uploading it) never sees half a page."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise TrendWriteError(f"cannot write the trend page {path}: {exc.strerror or exc}") from None
 
 
 def ingest(history: History, path: Path) -> tuple[str, bool]:
