@@ -155,7 +155,8 @@ def _record_history(args: argparse.Namespace, results: ResultsDir, summary: Summ
     try:
         history = open_history(url)
         try:
-            stored = history.add(entry_of(summary, diagnosis, results.data.fingerprints, str(results.path)))
+            data = results.data
+            stored = history.add(entry_of(summary, diagnosis, data.fingerprints, str(results.path), data.runs, data.requests))
         finally:
             history.close()
     except RegbenchError as exc:
