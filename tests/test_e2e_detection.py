@@ -8,7 +8,13 @@ makes the detection table in docs/faults.md.
 A fault this workload cannot show is named in NOT_CAUGHT with the reason, and asserted to pass:
 the table then says so instead of the suite hiding it or a rule being bent to one fault.
 
-Slow tier: nine servers (one per image), one after another, started and stopped by the bench.
+The same run on the real model (configs/cpu-faults-real.yaml: SmolLM2-135M-Instruct in bfloat16
+and float32, sixteen servers, about 20 minutes here) when REGBENCH_DETECTION_REAL=1; its rows go
+to results/detection-real.json, which docs/data/detection-real.json records (not re-run by CI, for
+its time budget).
+
+Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
+stopped by the bench.
 """
 
 from __future__ import annotations
@@ -23,12 +29,18 @@ from pathlib import Path
 
 import pytest
 
+from bench.core.diagnosis import Diagnosis
+from bench.core.matrix import expand
 from bench.core.records import Summary
+from bench.store.matrixfile import load_config
 
 from .support import ROOT, needs_canary, needs_vllm, processes_labelled
 
-CONFIG = ROOT / "configs" / "cpu-faults.yaml"
-LEDGER = ROOT / "results" / "detection.json"
+# matrix -> (its file, its ledger, the faults its workload gives no chance to show, and why)
+MATRICES = {
+    "tiny": (ROOT / "configs" / "cpu-faults.yaml", ROOT / "results" / "detection.json"),
+    "real": (ROOT / "configs" / "cpu-faults-real.yaml", ROOT / "results" / "detection-real.json"),
+}
 RUN_ID = "detection"
 HEALTHY = "healthy"
 pytestmark = [pytest.mark.slow, needs_vllm, needs_canary]
@@ -44,6 +56,13 @@ FAULTS = {
     "nan-logits": ("nan_logits", "vllm#14126: NaN logits, every token the same id"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
+# A knob's cell (the matrix's `invariance`): the faulty image with the setting the fault needs
+# undone, judged against the faulty cell itself.
+KNOBS = {
+    "batch-corrupt+serial": ("batch_corrupt", "vllm#27034, found by the `serial` knob"),
+    "prefix-cache-corrupt+no-prefix-caching": ("prefix_cache_corrupt",
+                                               "vllm#5543, found by the `no-prefix-caching` knob"),
+}
 NOTES = {
     "flaky": "forced to fire (`REGBENCH_FAULT_FLAKY=fired`); its 1-in-3 rate is checked by "
              "tests/test_e2e_fault_injection.py, not measured here",
@@ -55,46 +74,47 @@ NOT_CAUGHT: dict[str, str] = {}
 ARMED = re.compile(r"^regbench-fault: (\S+) armed in ", re.M)
 
 
-def cell_id(image: str) -> str:
-    return f"tiny-canary__safetensors__cpu__{image}"
-
-
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> tuple[Path, Path, list[dict], subprocess.CompletedProcess, float]:
-    results = tmp_path_factory.mktemp("detection")
+@pytest.fixture(scope="module",
+                params=["tiny", *(["real"] if os.environ.get("REGBENCH_DETECTION_REAL") == "1" else [])])
+def measured(request, tmp_path_factory) -> tuple[Path, Path, list[dict], subprocess.CompletedProcess, float, list]:
+    config, ledger = MATRICES[request.param]
+    results = tmp_path_factory.mktemp(f"detection-{request.param}")
     started = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "bench", "run", str(CONFIG), "--results", str(results),
-                        "--run-id", RUN_ID], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+    p = subprocess.run([sys.executable, "-m", "bench", "run", str(config), "--results", str(results),
+                        "--run-id", RUN_ID], cwd=ROOT, capture_output=True, text=True, timeout=7200,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
     took = time.monotonic() - started
     run_dir = results / RUN_ID
-    print(f"\nregbench run configs/cpu-faults.yaml: exit {p.returncode} after {took:.0f} s\n{p.stdout[-6000:]}")
+    print(f"\nregbench run {config.name}: exit {p.returncode} after {took:.0f} s\n{p.stdout[-6000:]}")
     rows = count(run_dir)
     # Written before anything is asserted, so a run that misses a fault is a row in the table.
-    old = json.loads(LEDGER.read_text()) if LEDGER.exists() else []
-    LEDGER.parent.mkdir(parents=True, exist_ok=True)
-    LEDGER.write_text(json.dumps(old + rows, indent=1))
-    return results, run_dir, rows, p, took
+    old = json.loads(ledger.read_text()) if ledger.exists() else []
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    ledger.write_text(json.dumps(old + rows, indent=1))
+    planned = [(c.model.name, c.image.name) for c in expand(load_config(config))]
+    return results, run_dir, rows, p, took, planned
 
 
 def count(run_dir: Path) -> list[dict]:
     """One row per cell and fresh start: fired (armed lines in its server log), detected (the
     run failed) and the rules that said so."""
     summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
-    cells = {c.image: c for c in summary.cells}
+    # The known issue the diagnosis puts first for each failing cell (bench/signatures/).
+    diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
+    named = {d.cell_id: d.matches[0].signature for d in diagnosis.cells if d.matches}
     rows = []
-    for image in [HEALTHY, *FAULTS]:
-        fault, stands_for = FAULTS.get(image, (None, "no fault"))
-        cell = cells[image]
+    for cell in summary.cells:
+        image = cell.image
+        fault, stands_for = {**FAULTS, **KNOBS}.get(image, (None, "no fault"))
         for result in cell.run_results:
             log = run_dir / "cells" / cell.cell_id / f"run-{result.repeat}" / "server.log"
             armed = ARMED.findall(log.read_text(errors="replace")) if log.exists() else []
             reasons = sorted({r.value for r in result.reasons} | ({"divergence"} if result.divergence else set()))
             rows.append({
-                "image": image, "fault": fault, "stands_for": stands_for, "run_id": summary.run_id,
+                "model": cell.model, "image": image, "fault": fault, "stands_for": stands_for, "run_id": summary.run_id,
                 "started_at": summary.started_at, "repeat": result.repeat,
                 "fired": fault is not None and fault in armed, "armed": armed,
-                "detected": bool(reasons), "reasons": reasons,
+                "detected": bool(reasons), "reasons": reasons, "diagnosed": named.get(cell.cell_id),
                 "expected": "pass" if fault is None or image in NOT_CAUGHT else "fail",
                 "note": NOT_CAUGHT.get(image) or NOTES.get(image, ""),
             })
@@ -102,31 +122,46 @@ def count(run_dir: Path) -> list[dict]:
 
 
 def test_the_run_judged_every_cell_once_and_left_no_server(measured):
-    results, _, rows, p, took = measured
+    results, _, rows, p, took, planned = measured
     assert p.returncode in (0, 1), p.stdout + p.stderr  # 1: a cell failed, which is the point
-    assert sorted(r["image"] for r in rows) == sorted([HEALTHY, *FAULTS]), rows
+    assert sorted((r["model"], r["image"]) for r in rows) == sorted(planned), rows
+    assert {i for _, i in planned} <= {HEALTHY, *FAULTS, *KNOBS}
     assert processes_labelled(results) == []
     print(f"\n{len(rows)} fresh servers in {took:.0f} s")
 
 
 def test_the_healthy_baseline_passes_with_nothing_armed(measured):
-    _, _, rows, _, _ = measured
-    (healthy,) = [r for r in rows if r["image"] == HEALTHY]
-    assert healthy["armed"] == [] and healthy["reasons"] == [], healthy
+    _, _, rows, _, _, planned = measured
+    healthy = [r for r in rows if r["image"] == HEALTHY]
+    assert len(healthy) == len({m for m, _ in planned})  # one per model
+    assert all(r["armed"] == [] and r["reasons"] == [] for r in healthy), healthy
 
 
 def test_every_fault_fired(measured):
-    _, _, rows, _, _ = measured
+    _, _, rows, _, _, _ = measured
     assert [r["image"] for r in rows if r["fault"] and not r["fired"]] == [], rows
 
 
 def test_every_fired_fault_is_caught_but_the_ones_this_workload_cannot_show(measured):
-    _, _, rows, _, _ = measured
+    _, _, rows, _, _, planned = measured
     for r in rows:
         if r["fault"] is None or not r["fired"]:
             continue
-        print(f"\n{r['image']}: {'detected by ' + ', '.join(r['reasons']) if r['detected'] else 'not detected'}")
-    caught = {r["image"] for r in rows if r["fault"] and r["fired"] and r["detected"]}
-    missed = {r["image"] for r in rows if r["fault"] and r["fired"] and not r["detected"]}
-    assert missed == set(NOT_CAUGHT), {r["image"]: r["reasons"] for r in rows}
-    assert caught == set(FAULTS) - set(NOT_CAUGHT)
+        print(f"\n{r['model']} {r['image']}: "
+              f"{'detected by ' + ', '.join(r['reasons']) if r['detected'] else 'not detected'}")
+    caught = {(r["model"], r["image"]) for r in rows if r["fault"] and r["fired"] and r["detected"]}
+    missed = {(r["model"], r["image"]) for r in rows if r["fault"] and r["fired"] and not r["detected"]}
+    faults = {(m, i) for m, i in planned if i != HEALTHY}
+    assert missed == {(m, i) for m, i in faults if i in NOT_CAUGHT}, {(r["model"], r["image"]): r["reasons"] for r in rows}
+    assert caught == {(m, i) for m, i in faults if i not in NOT_CAUGHT}
+
+
+def test_a_knob_that_undoes_a_fault_breaks_invariance_and_names_the_fault(measured):
+    _, _, rows, _, _, planned = measured
+    knobs = {r["image"]: r for r in rows if r["image"] in KNOBS}
+    expected = {
+        "batch-corrupt+serial": (["invariance_broken"], "batch-dependent-output"),
+        "prefix-cache-corrupt+no-prefix-caching": (["invariance_broken"], "prefix-cache-corruption"),
+    }
+    assert {i: (r["reasons"], r["diagnosed"]) for i, r in knobs.items()} == {
+        i: e for i, e in expected.items() if any(i == image for _, image in planned)}
