@@ -226,8 +226,8 @@ def render(r: BugReport) -> str:
         "### Before submitting a new issue...",
         "",
         "- [ ] Make sure you already searched for relevant issues" + (
-            ", and asked the chatbot living at the bottom right corner of the [documentation page]"
-            "(https://docs.vllm.ai/en/latest/), which can answer lots of frequently asked questions."
+            ", and asked the chatbot living at the bottom right corner of vLLM's documentation page, "
+            "which can answer lots of frequently asked questions."
             if r.upstream == "vllm-project/vllm" else "."),
     ]
     return "\n".join(lines) + "\n"

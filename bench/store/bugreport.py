@@ -23,6 +23,7 @@ from bench.core.tokens import comparator_for
 from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.report.bugreport import BugReport, render
 from bench.serve.launch import HOST, image_env, serve_args, server_env
+from bench.serve.launchers import needs
 from bench.store.evidence import diagnose_results
 from bench.store.publish import open_results
 from bench.store.results import write_config
@@ -100,11 +101,11 @@ def _port(argv: list[str]) -> int:
     return DEFAULT_PORT
 
 
-def serve_command(cell: Cell, launcher: str, run: RunRecord | None, pin: str | None) -> tuple[str, str, list[str]]:
+def serve_command(cell: Cell, boxed: bool, run: RunRecord | None, pin: str | None) -> tuple[str, str, list[str]]:
     """(the command line, where it runs, its argv): the run's own, with the variables the bench
     set for the cell's servers in front of it."""
     env = {**server_env(cell, cell.server, cell.profile), **image_env(cell.image, {})}
-    if launcher == "docker":
+    if boxed:
         # Recorded as [image ref, serve, ...]: the image's entrypoint runs vLLM's CLI.
         args = run.server.command[1:] if run else serve_args(cell, cell.server, DEFAULT_PORT, cell.model.path)
         env.pop("PYTHONPATH", None)  # folders inside the container, mounted by the bench
@@ -140,8 +141,8 @@ def curl_command(cell: Cell, prompt: Prompt, port: int, api_key: bool) -> str:
         + shlex.quote(json.dumps(body, ensure_ascii=False))
 
 
-def _collect_env(cell: Cell, launcher: str, pin: str | None) -> str:
-    if launcher == "docker":
+def _collect_env(cell: Cell, boxed: bool, pin: str | None) -> str:
+    if boxed:
         return f"docker run --rm --entrypoint python3 {shlex.quote(pin or cell.image.ref or '')} -m vllm.collect_env"
     overlay = image_env(cell.image, {}).get("PYTHONPATH")
     return (f"PYTHONPATH={shlex.quote(overlay)} " if overlay else "") + f"{shlex.quote(cell.image.python)} -m vllm.collect_env"
@@ -188,7 +189,9 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str) -> tuple[BugRe
         if f.image == matrix_image(cell.image.name):
             fingerprint = f
     pin = fingerprint.image_pin if fingerprint else None
-    command, where, argv = serve_command(cell, data.config.launcher, run, pin)
+    # The back-end that runs an image by its reference runs it in a container (as the pre-flight says).
+    boxed = "ref" in needs(data.config.launcher)
+    command, where, argv = serve_command(cell, boxed, run, pin)
     prompt_ids = [f.prompt_id for f in (run.findings if run else []) if f.prompt_id]
     prompt = next((p for p in cell.workload.prompts if p.id in prompt_ids[:1]), cell.workload.prompts[0])
     exit_exception = next((f.evidence for r in runs for f in r.findings if isinstance(f.evidence, ExitEpisode)), None)
@@ -197,7 +200,7 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str) -> tuple[BugRe
         fingerprint=fingerprint, launcher=data.config.launcher, matrix_file=matrix_file,
         serve_command=command, serve_where=where,
         curl_command=curl_command(cell, prompt, _port(argv), "--api-key" in argv), prompt_id=prompt.id,
-        collect_env_command=_collect_env(cell, data.config.launcher, pin),
+        collect_env_command=_collect_env(cell, boxed, pin),
         first_failing_repeat=run.repeat if run else 0,
         divergence=_first_divergence(data, cell, runs) if judged.divergence_positions else None,
         exit_exception=exit_exception,
