@@ -500,7 +500,7 @@ def test_a_finished_run_records_itself_and_a_slice_waits_for_its_merge(tmp_path)
         "load_formats": [{"name": "safetensors"}],
         "images": [{"name": "fake", "python": sys.executable,
                     "pythonpath": [str(Path(__file__).parent / "data" / "fakevllm")]}],
-        "workload": {"prompts": [{"id": "p", "prompt": "hi"}], "request_timeout_s": 10},
+        "workload": {"prompts": [{"id": "p", "prompt": "hi"}], "request_timeout_s": 60},
         "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5}, "reference_text": {"enabled": False},
         "preflight": False,
     }

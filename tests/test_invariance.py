@@ -174,7 +174,7 @@ def test_a_run_with_knobs_on_the_fake_vllm(tmp_path):
         "images": [{"name": "fake", "python": sys.executable, "pythonpath": [str(FAKEVLLM)]}],
         "comparison": {"mode": "exact"},
         "workload": {"prompts": [{"id": "p", "prompt": "hi"}, {"id": "q", "prompt": "yo"}], "concurrency": 2,
-                     "request_timeout_s": 10},
+                     "request_timeout_s": 60},
         "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
         "reference_text": {"enabled": False},
         "preflight": False,
