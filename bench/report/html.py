@@ -259,17 +259,18 @@ def _fingerprint_fields(fps: list[Fingerprint]) -> list[str]:
 
 # --- rendering --------------------------------------------------------------------------------
 
-_ENV = Environment(loader=PackageLoader("bench.report"), autoescape=True, trim_blocks=True, lstrip_blocks=True,
-                   undefined=StrictUndefined)
-_ENV.globals.update(
+# Shared by every page of the package (report.html, the history trend page): one look, one escaper.
+TEMPLATES = Environment(loader=PackageLoader("bench.report"), autoescape=True, trim_blocks=True, lstrip_blocks=True,
+                        undefined=StrictUndefined)
+TEMPLATES.globals.update(
     LABEL=LABEL, CLASS=CLASS, MEANING=MEANING, Verdict=Verdict, TEXT_CHARS=TEXT_CHARS, DETAIL_CHARS=DETAIL_CHARS,
     anchor=_anchor, grid=_grid, interval=_interval, pass_rate=_pass_rate, reasons=_reasons, rate_text=rate_text,
     overall=_overall, tally=_tally, plots=_plots, run_rows=_run_rows, samples=_samples, nondeterminism=_nondeterminism,
     facts=_facts, match=_match, perf_plots=_perf_plots, fingerprint_fields=_fingerprint_fields,
 )
-_ENV.filters.update(cut=_truncate, ids=_ids)
-_CSS = Markup(files("bench.report").joinpath("report.css").read_text(encoding="utf-8"))
-_JS = Markup(files("bench.report").joinpath("report.js").read_text(encoding="utf-8"))
+TEMPLATES.filters.update(cut=_truncate, ids=_ids)
+PAGE_CSS = Markup(files("bench.report").joinpath("report.css").read_text(encoding="utf-8"))
+PAGE_JS = Markup(files("bench.report").joinpath("report.js").read_text(encoding="utf-8"))
 
 # C0 controls (ANSI colour codes, NULs from a model without weights) are parse errors in HTML;
 # a lone surrogate (half an emoji from a stream) cannot even be written as UTF-8. The templates
@@ -277,13 +278,13 @@ _JS = Markup(files("bench.report").joinpath("report.js").read_text(encoding="utf
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 
 
-def _clean(markup: str) -> str:
+def tidy_html(markup: str) -> str:
     return _CONTROL.sub("\ufffd", markup)
 
 
 def render(report: Report) -> str:
     """The page: only markup here, every figure and choice comes from the report and the views above."""
-    return _clean(_ENV.get_template("report.html.j2").render(r=report, css=_CSS, js=_JS)) + "\n"
+    return tidy_html(TEMPLATES.get_template("report.html.j2").render(r=report, css=PAGE_CSS, js=PAGE_JS)) + "\n"
 
 
 def html_report(report: Report) -> str:
@@ -293,4 +294,4 @@ def html_report(report: Report) -> str:
 
 def _fingerprint_table(fps: list[Fingerprint]) -> str:
     """The environments table alone (the page's last section)."""
-    return _clean(_ENV.get_template("parts.html.j2").module.fingerprint_table(fps))  # type: ignore[attr-defined]
+    return tidy_html(TEMPLATES.get_template("parts.html.j2").module.fingerprint_table(fps))  # type: ignore[attr-defined]

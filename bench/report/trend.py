@@ -20,7 +20,7 @@ from bench.core.records import Record
 from bench.core.verdicts import Verdict
 
 # report.html's environment, stylesheet, script and cleaner: one setup for both pages.
-from bench.report.html import _CSS, _ENV, _JS, CLASS, LABEL, MEANING, _clean
+from bench.report.html import CLASS, LABEL, MEANING, PAGE_CSS, PAGE_JS, TEMPLATES, tidy_html
 from bench.report.svg import el
 
 
@@ -149,9 +149,9 @@ def _open(h: CellHistory) -> bool:
 
 def render_trend(trend: Trend) -> str:
     """The page: markup only; every figure comes from the trend and the plots above."""
-    page = _ENV.get_template("trend.html.j2").render(
-        t=trend, css=_CSS, js=_JS, when=_when, verdict_plot=verdict_plot, metric_plot=metric_plot,
+    page = TEMPLATES.get_template("trend.html.j2").render(
+        t=trend, css=PAGE_CSS, js=PAGE_JS, when=_when, verdict_plot=verdict_plot, metric_plot=metric_plot,
         metrics_of=metrics_of, is_open=_open, CLASS=CLASS, LABEL=LABEL, MEANING=MEANING, Verdict=Verdict,
         runs=len({p.run_id for h in trend.cells for p in h.points}),
         breaks=sum(len(h.regressions) for h in trend.cells), slowed=sum(len(h.slowdowns) for h in trend.cells))
-    return _clean(page) + "\n"
+    return tidy_html(page) + "\n"
