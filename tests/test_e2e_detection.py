@@ -109,7 +109,9 @@ def count(run_dir: Path) -> list[dict]:
         for result in cell.run_results:
             log = run_dir / "cells" / cell.cell_id / f"run-{result.repeat}" / "server.log"
             armed = ARMED.findall(log.read_text(errors="replace")) if log.exists() else []
-            reasons = sorted({r.value for r in result.reasons} | ({"divergence"} if result.divergence else set()))
+            # A knob's cell's differences are invariance_broken, among its reasons already.
+            diverged = {"divergence"} if result.divergence and cell.knob is None else set()
+            reasons = sorted({r.value for r in result.reasons} | diverged)
             rows.append({
                 "model": cell.model, "image": image, "fault": fault, "stands_for": stands_for, "run_id": summary.run_id,
                 "started_at": summary.started_at, "repeat": result.repeat,

@@ -222,3 +222,22 @@ def test_compare_across_image_tags_matches_each_knobs_cell_with_the_same_knobs(m
     assert [(c.a_id, c.b_id) for c in result.cells if c.a_id.endswith(("+serial", "+no-prefix-caching"))] == [
         ("m__safetensors__cpu__vllm-0.31.0+serial", "m__safetensors__cpu__vllm-0.32.0+serial"),
         ("m__safetensors__cpu__vllm-0.31.0+no-prefix-caching", "m__safetensors__cpu__vllm-0.32.0+no-prefix-caching")]
+
+
+def test_a_knob_is_compared_with_the_cell_without_it_as_it_answered_even_when_that_cell_failed(minimal):
+    from bench.core.verdicts import Finding, Note
+
+    from .test_judge import summarize_cells
+
+    minimal["comparison"] = {"mode": "exact"}
+    config = parse_config(with_knobs(minimal, "serial"))
+    base, _, serial = expand(config)
+    failed = _run(base.id).model_copy(update={"findings": [Finding(reason="exit_code", evidence=Note(note="x"))]})
+    batched = [_req(base.id, [0, 1, 2, 99, *range(4, 16)])]  # what a batch-dependent fault answers batched
+    alone = [_req(serial.id, list(range(16)))]
+    cells = {c.cell_id: c for c in summarize_cells(config, [failed, _run(serial.id)], batched + alone)}
+    assert cells[serial.id].reasons == {Reason.INVARIANCE_BROKEN: 1}
+    assert cells[base.id].reasons == {Reason.EXIT_CODE: 1}
+    same = [_req(serial.id, [0, 1, 2, 99, *range(4, 16)])]
+    cells = {c.cell_id: c for c in summarize_cells(config, [failed, _run(serial.id)], batched + same)}
+    assert cells[serial.id].verdict == "pass"

@@ -311,9 +311,15 @@ def _clean_baseline_run(r: RunRecord) -> bool:
     return not r.interrupted and not set_aside_probes(list(r.findings), None)[0]
 
 
-def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord]) -> dict[str, Output]:
-    """Per prompt, the output of the first clean run of a baseline cell."""
+def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord], as_answered: bool = False
+                      ) -> dict[str, Output]:
+    """Per prompt, the output of the first clean run of a baseline cell. `as_answered`: when no
+    run is clean, of its first judged run: a knob's cell is compared with the cell without the
+    knob as that cell answered, right or wrong (its own verdict says which), since the question
+    is only whether the knob changes the answer."""
     clean = {r.repeat for r in runs if _clean_baseline_run(r)}
+    if not clean and as_answered:
+        clean = {min((r.repeat for r in runs if not r.interrupted), default=0)}
     ref: dict[str, Output] = {}
     for req in sorted(requests, key=lambda r: r.repeat):
         out = req.output
@@ -322,11 +328,11 @@ def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord]) -> d
     return ref
 
 
-def baseline_of(runs: list[RunRecord], requests: list[RequestRecord]) -> Baseline:
+def baseline_of(runs: list[RunRecord], requests: list[RequestRecord], as_answered: bool = False) -> Baseline:
     clean = sorted((r for r in runs if _clean_baseline_run(r)), key=lambda r: r.repeat)
     nll = next((r.reference.mean_nll for r in clean if r.reference is not None and r.reference.mean_nll is not None), None)
     missed = frozenset(k for r in runs if not r.interrupted for f in r.findings if (k := probe_key(f)) is not None)
-    return Baseline(outputs=reference_outputs(runs, requests), mean_nll=nll, missed=missed)
+    return Baseline(outputs=reference_outputs(runs, requests, as_answered), mean_nll=nll, missed=missed)
 
 
 def probe_key(f: Finding) -> tuple[Reason, str | None] | None:
@@ -548,15 +554,16 @@ def judge(results: Results, comparator: Comparator | None = None, only: Iterable
         cells = [c for c in cells if c.id in wanted]
     audits = {(p.model, p.image, p.load_format): p for p in results.preflights if p.kind == "audit"}
     # Many cells share one baseline: work it out once.
-    baselines: dict[str, Baseline] = {}
+    baselines: dict[tuple[str, bool], Baseline] = {}
     out = []
     for cell in cells:
         baseline = None
         if cell.baseline_id is not None:
-            if cell.baseline_id not in baselines:
-                baselines[cell.baseline_id] = baseline_of(
-                    results.runs_of(cell.baseline_id), results.requests_of(cell.baseline_id))
-            baseline = baselines[cell.baseline_id]
+            key = (cell.baseline_id, cell.knob is not None)
+            if key not in baselines:
+                baselines[key] = baseline_of(
+                    results.runs_of(cell.baseline_id), results.requests_of(cell.baseline_id), as_answered=key[1])
+            baseline = baselines[key]
         runs = results.runs_of(cell.id)
         # Each cell under its own rule (a knob's cell: the invariance block's), unless one is given.
         cmp = comparator or comparator_for(cell.comparison.mode, cell.comparison.top_k)
