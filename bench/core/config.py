@@ -51,11 +51,16 @@ class Strict(BaseModel):
 _TP_ARGS = ("--tensor-parallel-size", "-tp")
 
 
-def _no_tensor_parallel_arg(args: list[str]) -> None:
+def _no_tensor_parallel_arg(args: list[str]) -> list[str]:
     # The runner must know how many devices a server takes; one place says it.
     for arg in args:
         if arg.split("=", 1)[0] in _TP_ARGS:
             raise ValueError(f"{arg!r}: set the model's `tensor_parallel_size` instead")
+    return args
+
+
+# `vllm serve` arguments, wherever a matrix gives them (model, server, knob).
+ServerArgs = Annotated[list[str], AfterValidator(_no_tensor_parallel_arg)]
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
@@ -80,7 +85,7 @@ class Model(Strict):
     served_name: Name | None = Field(
         default=None, description="the name the server serves the model under (vLLM's `--served-model-name`); "
                                   "default: `name`")
-    server_args: list[str] = Field(
+    server_args: ServerArgs = Field(
         default=[], description="extra `vllm serve` arguments for this model's servers (not `--tensor-parallel-size`)")
     # Devices each server of this model takes (vLLM's --tensor-parallel-size, passed by the
     # launcher): the runner gives it that many of the platform's `devices`.
@@ -88,12 +93,6 @@ class Model(Strict):
         default=1, ge=1, le=64,
         description="devices each server of this model takes, passed as `--tensor-parallel-size`; the runner "
                     "gives it that many of the platform's `devices`")
-
-    @field_validator("server_args")
-    @classmethod
-    def _no_tp_arg(cls, v: list[str]) -> list[str]:
-        _no_tensor_parallel_arg(v)
-        return v
 
     @property
     def served(self) -> str:
@@ -324,7 +323,7 @@ class Workload(Strict):
 
 class ServerSettings(Strict):
     host: Literal["127.0.0.1"] = Field(default="127.0.0.1", description="the address servers bind (only this one)")
-    args: list[str] = Field(default=[], description="extra `vllm serve` arguments for every server "
+    args: ServerArgs = Field(default=[], description="extra `vllm serve` arguments for every server "
                                                     "(not `--tensor-parallel-size`)")
     env: dict[str, str] = Field(default={}, description="environment variables for every server")
     # Names of the bench's environment variables handed to containers (HF_TOKEN, ...). Only the
@@ -341,12 +340,6 @@ class ServerSettings(Strict):
                                       description="seconds between SIGTERM and SIGKILL at a server's stop")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
-
-    @field_validator("args")
-    @classmethod
-    def _no_tp_arg(cls, v: list[str]) -> list[str]:
-        _no_tensor_parallel_arg(v)
-        return v
 
     @field_validator("env_passthrough")
     @classmethod
@@ -448,7 +441,7 @@ class Knob(Strict):
     streaming replace the workload's."""
 
     name: Name = Field(description="the knob's name; its cells are the original image's name + `+` + this")
-    server_args: list[str] = Field(default=[], description="`vllm serve` arguments added to the cell's")
+    server_args: ServerArgs = Field(default=[], description="`vllm serve` arguments added to the cell's")
     env: dict[str, str] = Field(default={}, description="environment variables added to the cell's servers'")
     concurrency: int | None = Field(default=None, ge=1, le=1024,
                                     description="requests in flight at once, instead of the workload's")
@@ -457,12 +450,6 @@ class Knob(Strict):
                                   "from the workload (`inverted`)")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
-
-    @field_validator("server_args")
-    @classmethod
-    def _no_tp_arg(cls, v: list[str]) -> list[str]:
-        _no_tensor_parallel_arg(v)
-        return v
 
     @model_validator(mode="after")
     def _changes_something(self) -> Knob:
