@@ -142,3 +142,22 @@ def test_ignoring_every_axis_is_refused(tmp_path):
     a = load_side(synth.healthy(tmp_path, "a").path)
     with pytest.raises(ConfigError):
         compare(a, a, ignore=frozenset({"model", "load_format", "platform", "image"}))
+
+
+def test_a_threshold_per_metric_sets_what_counts_as_slower(tmp_path, capsys):
+    """B's servers are all ×1.5 slower: slower at the defaults (exit 1); with every timed metric's
+    threshold at 2 the same runs are the same (exit 0)."""
+    a, b = synth.timed(tmp_path, "a"), synth.timed(tmp_path, "b", slower=1.5)
+    assert main(["compare", str(a.path), str(b.path)]) == 1
+    assert "boot slower" in capsys.readouterr().out
+    relaxed = [arg for m in ("boot_s", "latency_s", "throughput_tok_s", "tokens_per_s") for arg in ("--threshold", f"{m}=2")]
+    assert main(["compare", "--json", *relaxed, str(a.path), str(b.path)]) == 0
+    checks = [s for c in json.loads(capsys.readouterr().out)["cells"] for s in c["slowdowns"]]
+    assert checks and {s["verdict"] for s in checks} == {"same"} and {s["threshold"] for s in checks} == {2.0}
+
+
+@pytest.mark.parametrize("pair", ["boot_s=0.9", "nosuch=2", "boot_s", "boot_s=nan", "=2"])
+def test_a_bad_threshold_is_exit_2_naming_it(tmp_path, capsys, pair):
+    a = synth.timed(tmp_path, "a")
+    assert main(["compare", "--threshold", pair, str(a.path), str(a.path)]) == 2
+    assert f"--threshold {pair!r}:" in " ".join(capsys.readouterr().err.split())

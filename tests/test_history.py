@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import shlex
 import statistics
 import sys
@@ -23,6 +24,7 @@ from bench.cli import main as regbench
 from bench.core.history import CellPoint, regressions
 from bench.core.judge import judge
 from bench.core.matrix import expand
+from bench.core.perf import METRICS
 from bench.core.results import RunPlan
 from bench.core.verdicts import Verdict
 from bench.store.history import HistoryError, entry_from_folder, open_history
@@ -282,6 +284,65 @@ def test_a_slowed_run_is_flagged_against_the_window_of_good_runs_and_a_normal_on
     assert "1 run(s) had fewer than 3 fresh servers measuring performance" in " ".join(out.split())
     rc, _, err = cli(capsys, "history", "--history", db, "--window", "0")
     assert rc == 2 and "--window 0: must be at least 1" in err
+
+
+TIMED = ("boot_s", "latency_s", "throughput_tok_s", "tokens_per_s")
+
+
+def test_a_threshold_above_the_slowdown_stops_flagging_that_metric_only(db, tmp_path, capsys):
+    """`--threshold boot_s=1.6`, above the slow night's ×1.5: the night is no longer flagged on boot
+    and still is on the other metrics, at their defaults. The JSON and the trend page state every
+    metric's threshold in effect; at the defaults (a threshold given at its default too) neither
+    states any."""
+    root = tmp_path / "results"
+    nights = [f"night-{i}" for i in range(1, 6)]
+    for i, run_id in enumerate(nights):
+        started(synth.timed(root, run_id, slower=1.5 if run_id == "night-5" else 1.0), 1_000_000 * (i + 1))
+    rc, _, _ = cli(capsys, "history", "ingest", *(str(root / r) for r in nights), "--history", db)
+    assert rc == 0
+
+    rc, out, _ = cli(capsys, "history", "--history", db, "--threshold", "boot_s=1.6", "--json")
+    assert rc == 0
+    view = json.loads(out)
+    assert view["thresholds"] == {**{name: m.threshold for name, m in METRICS.items()}, "boot_s": 1.6}
+    assert len(view["cells"]) == 2
+    for cell in view["cells"]:
+        flagged = {(s["run_id"], s["check"]["metric"]): s["check"] for s in cell["slowdowns"]}
+        assert set(flagged) == {("night-5", m) for m in TIMED if m != "boot_s"}
+        assert all(check["threshold"] == METRICS[m].threshold for (_, m), check in flagged.items())
+    # The same history at the defaults flags boot too, and states no thresholds.
+    for defaults in ([], ["--threshold", "boot_s=1.2"]):
+        rc, out, _ = cli(capsys, "history", "--history", db, *defaults, "--json")
+        view = json.loads(out)
+        assert "thresholds" not in view
+        assert {s["check"]["metric"] for c in view["cells"] for s in c["slowdowns"]} == set(TIMED)
+
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--threshold", "boot_s=1.6")
+    words = " ".join(out.split())
+    assert "night-5: boot slower" not in words
+    assert "night-5: latency slower:" in words and "threshold ×1.20" in words
+
+    page = tmp_path / "trend.html"
+    rc, _, _ = cli(capsys, "history", "--history", db, "--threshold", "boot_s=1.6", "--html", str(page))
+    html = page.read_text()
+    assert rc == 0 and re.search(r'class="threshold changed" data-metric="boot_s">boot ×1\.60 \(default ×1\.20\)<', html)
+    assert re.search(r'class="threshold" data-metric="latency_s">latency ×1\.20<', html)
+    assert set(re.findall(r'class="slow-line" data-run="night-5" data-metric="(\w+)"', html)) == set(TIMED) - {"boot_s"}
+    rc, _, _ = cli(capsys, "history", "--history", db, "--html", str(page))
+    assert rc == 0 and 'class="thresholds"' not in page.read_text()
+
+
+@pytest.mark.parametrize(("pair", "says"), [
+    ("boot_s=0.9", "expected METRIC=RATIO with RATIO > 1"),
+    ("nosuch=2", "no metric 'nosuch'; metrics: boot_s,"),
+    ("boot_s", "expected METRIC=RATIO with RATIO > 1"),
+])
+def test_a_bad_threshold_is_exit_2_naming_it(tmp_path, capsys, pair, says):
+    """Refused as compare refuses it (the same parser), before the database is read."""
+    url = f"sqlite:///{tmp_path / 'history.sqlite'}"
+    open_history(url).close()
+    rc, _, err = cli(capsys, "history", "--history", url, "--threshold", "latency_s=1.5", "--threshold", pair)
+    assert rc == 2 and f"--threshold {pair!r}: {says}" in err
 
 
 def test_the_check_across_runs_is_compares_rule_and_a_slow_run_stays_out_of_later_windows():

@@ -11,9 +11,8 @@ from bench.commands.console import (
     out,
 )
 from bench.core.compare import AXES, compare, format_comparison
-from bench.core.config import ConfigError
 from bench.core.errors import EXIT_FAIL, EXIT_PASS
-from bench.core.perf import METRICS
+from bench.core.perf import parse_thresholds, threshold_list
 from bench.core.tokens import comparator_for
 from bench.store.publish import load_side, open_results
 
@@ -46,28 +45,20 @@ def add_cli_args(sub) -> None:
                      help=f"match cells without this axis ({', '.join(AXES)}); repeatable")
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cmp.add_argument("--threshold", action="append", default=[], metavar="METRIC=RATIO",
-                     help="slowdown threshold of one metric (repeatable), e.g. boot_s=1.5; metrics: "
-                          + ", ".join(f"{m.name} (default {m.threshold})" for m in METRICS.values()))
+                     help="slowdown threshold of one metric (repeatable), e.g. boot_s=1.5; metrics and their "
+                          f"defaults: {threshold_list()}")
     cmp.add_argument("--verbose", action="store_true", help="also list the metrics that did not change")
     compare_flags(cmp, "compare outputs by this rule (default: run A's config's `comparison`)")
     cmp.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    thresholds = parse_thresholds(args.threshold)
     chosen = comparator(args, Path(args.a))
     if chosen is None:  # the reference run's own rule
         rule = open_results(Path(args.a)).config().comparison
         chosen = comparator_for(rule.mode, args.top_k or rule.top_k)
     a, b = load_side(Path(args.a), chosen), load_side(Path(args.b), chosen)
-    thresholds = {}
-    for pair in args.threshold:
-        name, sep, value = pair.partition("=")
-        try:
-            thresholds[name] = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or thresholds[name] <= 1:
-            raise ConfigError(f"--threshold {pair!r}: expected METRIC=RATIO with RATIO > 1, e.g. ttft_s=1.5")
     result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=chosen, thresholds=thresholds)
     if args.json:
         print(result.model_dump_json(indent=2))

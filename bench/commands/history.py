@@ -12,6 +12,7 @@ from bench.commands.console import err, out
 from bench.core.config import ConfigError
 from bench.core.errors import EXIT_PASS, EXIT_USAGE, RegbenchError
 from bench.core.history import DEFAULT_WINDOW
+from bench.core.perf import parse_thresholds, threshold_list, thresholds_in_effect
 from bench.report.history import history_table, regression_lines, slowdown_lines
 from bench.report.trend import Trend, render_trend
 from bench.store.history import DEFAULT_NAME, default_url, ingest, open_history, write_page
@@ -27,7 +28,8 @@ def add_cli_args(sub) -> None:
                     "versions, verdict, failures/runs with the Wilson 95 % interval; then the first run "
                     "where a passing cell turned failing or flaky, the last run before it that passed and "
                     "the bisect that narrows what changed between them; and each run slower than the last "
-                    "--window good runs before it, by regbench compare's bootstrap rule. "
+                    "--window good runs before it, by regbench compare's bootstrap rule: per metric, the 95 % "
+                    "interval of the ratio of medians wholly above the metric's threshold (--threshold). "
                     "`regbench history ingest DIR...` adds results folders.")
     h.add_argument("--history", metavar="URL", help=_URL_HELP)
     h.add_argument("--results", default="results", metavar="DIR",
@@ -37,6 +39,9 @@ def add_cli_args(sub) -> None:
     h.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help=f"compare each run's performance with the last N runs of its cell that passed "
                         f"(default {DEFAULT_WINDOW})")
+    h.add_argument("--threshold", action="append", default=[], metavar="METRIC=RATIO",
+                   help="slowdown threshold of one metric for that comparison, as in regbench compare (repeatable), "
+                        f"e.g. boot_s=1.5; metrics and their defaults: {threshold_list()}")
     h.add_argument("--html", metavar="FILE",
                    help="write a self-contained trend page: per cell its verdicts and per metric its medians "
                         "over the runs, breaks and slowdowns marked (instead of the tables)")
@@ -83,23 +88,30 @@ def ingest_main(args: argparse.Namespace) -> int:
 def main(args: argparse.Namespace) -> int:
     if args.window < 1:
         raise ConfigError(f"--window {args.window}: must be at least 1")
+    thresholds = parse_thresholds(args.threshold)
+    # Stated only when they are not the defaults: a slowdown line names its own threshold anyway,
+    # and a view at the defaults reads as it always has.
+    in_effect = thresholds_in_effect(thresholds)
+    stated = in_effect if in_effect != thresholds_in_effect() else None
     history = open_history(args.history or default_url(Path(args.results)), create=False)
     try:
         if args.cell is not None and args.cell not in (known := history.cell_ids()):
             raise ConfigError(f"--cell {args.cell}: no such cell in the history {history.shown}"
                               + (f"; cells: {', '.join(known)}" if known else " (it holds no run)"))
-        cells = history.histories(args.cell, window=args.window)
+        cells = history.histories(args.cell, window=args.window, thresholds=thresholds)
         version = history.schema_version()
     finally:
         history.close()
     if args.html:
-        page = render_trend(Trend(database=history.shown, schema_version=version, window=args.window, cells=cells,
-                                  generated_at=time.time()))
+        page = render_trend(Trend(database=history.shown, schema_version=version, window=args.window,
+                                  thresholds=stated, cells=cells, generated_at=time.time()))
         write_page(Path(args.html), page)
         err.print(f"trend page: {args.html}", highlight=False, markup=False)
     if args.json:
-        print(json.dumps({"database": history.shown, "schema_version": version, "window": args.window,
-                          "cells": [h.model_dump(mode="json") for h in cells]}, indent=2))
+        view = {"database": history.shown, "schema_version": version, "window": args.window,
+                **({"thresholds": stated} if stated else {}),
+                "cells": [h.model_dump(mode="json") for h in cells]}
+        print(json.dumps(view, indent=2))
         return EXIT_PASS
     if args.html:
         return EXIT_PASS

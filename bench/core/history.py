@@ -354,9 +354,11 @@ def slowdowns_across(points: list[CellPoint], window: int = DEFAULT_WINDOW,
 def cell_histories(
     runs: list[StoredRun], cells: list[StoredCell], fingerprints: list[StoredFingerprint], perf: list[StoredPerf],
     values: list[StoredRunValue] | None = None, window: int = DEFAULT_WINDOW,
+    thresholds: dict[str, float] | None = None,
 ) -> list[CellHistory]:
     """Every cell across the runs given, cells in id order, each cell's runs by start time, with
-    its breaks and its slowdowns against a window of `window` good runs."""
+    its breaks and its slowdowns against a window of `window` good runs (per metric, above its
+    threshold in `thresholds`, else its default)."""
     order = {r.run_id: (i, r) for i, r in enumerate(ordered(runs))}
     # A knob's cell runs its original image: one fingerprint for both.
     prints = {(f.run_id, f.image): f for f in fingerprints}
@@ -381,6 +383,6 @@ def cell_histories(
         ))
     return [CellHistory(
         cell_id=cid, points=points, regressions=regressions(points, cid),
-        slowdowns=slowdowns_across(points, window),
+        slowdowns=slowdowns_across(points, window, thresholds),
         too_few_runs=[p.run_id for p in points if p.values and max(map(len, p.values.values())) < MIN_RUNS],
     ) for cid, points in by_cell.items()]

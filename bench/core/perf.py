@@ -21,13 +21,15 @@ The percentile bootstrap is too narrow with very few runs, hence MIN_RUNS.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from bench.core.config import ConfigError
 from bench.core.logfacts import LogFacts
 from bench.core.records import MetricSummary, Record, RequestRecord, RunPerf, RunRecord, ServerMetrics, ServerOutcome
 
@@ -76,6 +78,35 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     Metric("peak_gpu_bytes", "peak GPU memory", "bytes", "higher", 1.1, _perf("peak_gpu_bytes")),
 ]}
 
+
+
+def parse_thresholds(pairs: Iterable[str]) -> dict[str, float]:
+    """`--threshold METRIC=RATIO` as `regbench compare` and `regbench history` take it: a metric
+    of METRICS and a finite ratio above 1 (at 1 or below, noise or a faster run would be called
+    slower). A metric given twice takes its last ratio."""
+    out: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            ratio = float(value)
+        except ValueError:
+            ratio = math.nan
+        if not sep or not math.isfinite(ratio) or ratio <= 1:
+            raise ConfigError(f"--threshold {pair!r}: expected METRIC=RATIO with RATIO > 1, e.g. ttft_s=1.5")
+        if name not in METRICS:
+            raise ConfigError(f"--threshold {pair!r}: no metric {name!r}; metrics: {', '.join(METRICS)}")
+        out[name] = ratio
+    return out
+
+
+def thresholds_in_effect(thresholds: dict[str, float] | None = None) -> dict[str, float]:
+    """Every metric's threshold, the given ones over the defaults."""
+    return {name: (thresholds or {}).get(name, m.threshold) for name, m in METRICS.items()}
+
+
+def threshold_list(thresholds: dict[str, float] | None = None) -> str:
+    """`boot_s ×1.2, …`: every metric's threshold in effect."""
+    return ", ".join(f"{name} ×{limit:g}" for name, limit in thresholds_in_effect(thresholds).items())
 
 class SlowdownCheck(Record):
     metric: str

@@ -30,6 +30,8 @@ class Trend(Record):
     database: str  # the URL, password masked
     schema_version: int
     window: int  # good runs each run's performance was compared with
+    # Every metric's slowdown threshold in effect, when --threshold changed one; None: the defaults.
+    thresholds: dict[str, float] | None = None
     cells: list[CellHistory]
     generated_at: float
 
@@ -151,7 +153,7 @@ def render_trend(trend: Trend) -> str:
     """The page: markup only; every figure comes from the trend and the plots above."""
     page = TEMPLATES.get_template("trend.html.j2").render(
         t=trend, css=PAGE_CSS, js=PAGE_JS, when=_when, verdict_plot=verdict_plot, metric_plot=metric_plot,
-        metrics_of=metrics_of, is_open=_open, CLASS=CLASS, LABEL=LABEL, MEANING=MEANING, Verdict=Verdict,
+        metrics_of=metrics_of, is_open=_open, CLASS=CLASS, LABEL=LABEL, MEANING=MEANING, Verdict=Verdict, METRICS=METRICS,
         runs=len({p.run_id for h in trend.cells for p in h.points}),
         breaks=sum(len(h.regressions) for h in trend.cells), slowed=sum(len(h.slowdowns) for h in trend.cells))
     return tidy_html(page) + "\n"

@@ -354,9 +354,10 @@ class History:
             rows = conn.execute(q).mappings().all()
         return [StoredRunValue(**r) for r in rows]
 
-    def histories(self, cell_id: str | None = None, window: int = DEFAULT_WINDOW) -> list[CellHistory]:
+    def histories(self, cell_id: str | None = None, window: int = DEFAULT_WINDOW,
+                  thresholds: dict[str, float] | None = None) -> list[CellHistory]:
         return cell_histories(self.runs(), self.cells(cell_id), self.fingerprints(), self.perf(cell_id),
-                              self.run_values(cell_id), window)
+                              self.run_values(cell_id), window, thresholds)
 
 
 def _cell_row(c: StoredCell) -> dict:
