@@ -25,6 +25,12 @@ from bench.core.verdicts import ExitEpisode, TokenDivergence
 VLLM_TEMPLATE = "vllm-project/vllm .github/ISSUE_TEMPLATE/400-bug-report.yml"
 STREAMER_PREFIX = "runai-"  # a signature id of runai-model-streamer's issues
 EPISODE_LINES = 30  # of an exit-time exception: the end of it, where the raise is
+# collect_env prints ~100 lines (~5,000 characters); more is a host with many GPUs (its topology
+# matrix), packages or variables. Its head has the versions and its tail the variables: both are
+# kept, the middle cut. GitHub takes 65,536 characters per issue body, the rest of the report too.
+COLLECT_ENV_HEAD, COLLECT_ENV_TAIL = 200, 100
+COLLECT_ENV_CHARS = 20_000
+COLLECT_ENV_LINE_CHARS = 2_000  # lscpu's flags line is ~1,500
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,10 @@ class BugReport:
     first_failing_repeat: int
     divergence: TokenDivergence | None = None  # the first one (lowest position) of the cells' runs
     exit_exception: ExitEpisode | None = None
+    # What collect_env printed when bench.store.bugreport ran it, or why it could not (both None:
+    # it was not asked to, `--no-collect-env`).
+    collect_env_output: str | None = None
+    collect_env_error: str | None = None
 
     @property
     def cause(self) -> Match | None:
@@ -114,6 +124,45 @@ def environment_lines(fp: Fingerprint | None, launcher: str, platform: str) -> l
         rows.append(("fingerprint error", fp.error))
     width = max(len(k) for k, _ in rows)
     return [f"{k:<{width}} : {v}" for k, v in rows if v]
+
+
+def trim_lines(text: str, head: int = COLLECT_ENV_HEAD, tail: int = COLLECT_ENV_TAIL,
+               chars: int = COLLECT_ENV_CHARS, width: int = COLLECT_ENV_LINE_CHARS) -> tuple[str, int]:
+    """`text` with each line cut at `width`, and its middle lines cut when it has more than
+    head + tail lines or `chars` characters (the head gets two thirds of them); and how many lines
+    were cut (0: none)."""
+    lines = [line if len(line) <= width else line[:width] + " […]" for line in text.rstrip("\n").splitlines()]
+    if len(lines) <= head + tail and sum(len(line) + 1 for line in lines) <= chars:
+        return "\n".join(lines), 0
+
+    def take(seq: list[str], most: int, budget: int) -> list[str]:
+        kept: list[str] = []
+        for line in seq[:most]:
+            budget -= len(line) + 1
+            if budget < 0:
+                break
+            kept.append(line)
+        return kept
+
+    first = take(lines, head, chars * 2 // 3)
+    last = take(lines[len(first):][::-1], tail, chars - chars * 2 // 3)[::-1]
+    cut = len(lines) - len(first) - len(last)
+    return "\n".join([*first, f"[… {cut} lines cut by regbench …]", *last]), cut
+
+
+def _collect_env(r: BugReport) -> list[str]:
+    """The output the form asks for, in its own <details> block, or why there is none."""
+    ask = "Its output is what this section asks for; in the failing cell's environment:"
+    if r.collect_env_output is None:
+        why = f"could not be run here: {_code(r.collect_env_error)}" if r.collect_env_error is not None \
+            else "was not run (`--no-collect-env`)"
+        return [f"vLLM's `collect_env` {why}. {ask}", "", *fence(r.collect_env_command, "sh")]
+    output, cut = trim_lines(r.collect_env_output)
+    note = f" ({cut} lines cut from its middle)" if cut else ""
+    return ["<details>",
+            f"<summary>The output of <code>python -m vllm.collect_env</code>, run by regbench in the failing "
+            f"cell's environment{note}</summary>", "", *fence(output, "text"), "", "</details>", "",
+            "It was run as:", "", *fence(r.collect_env_command, "sh")]
 
 
 def _reproduction(r: BugReport) -> list[str]:
@@ -210,9 +259,7 @@ def render(r: BugReport) -> str:
         "",
         "</details>",
         "",
-        "vLLM's `collect_env` in the same environment:",
-        "",
-        *fence(r.collect_env_command, "sh"),
+        *_collect_env(r),
         "",
         "### 🐛 Describe the bug",
         "",

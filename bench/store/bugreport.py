@@ -1,17 +1,31 @@
 """The I/O edge of `regbench report-bug`: one failing cell of a results folder gathered into a
 bench.report.bugreport.BugReport (the verdict from bench.core.judge.judge, the diagnosis from
 bench.store.evidence, the environment from its fingerprint, the commands from the records and the
-matrix as run), rendered, redacted and written beside the records with a one-cell matrix."""
+matrix as run), rendered, redacted and written beside the records with a one-cell matrix.
+
+vLLM's form asks for the output of its collect_env; that is run here, in the cell's environment
+where this host has it: the image's Python with its overlay and variables (local launcher), or a
+container of the image the run was pinned to (docker launcher; nothing is pulled for a report).
+When it cannot run, the report says why and gives the command instead: a report is not refused
+for want of it."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import shlex
+import signal
+import subprocess
+import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import docker
+import docker.errors
+import requests.exceptions
 
 from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
 from bench.core.judge import baseline_of, divergence, judge
@@ -23,6 +37,7 @@ from bench.core.tokens import comparator_for
 from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.report.bugreport import BugReport, render
 from bench.serve.launch import HOST, image_env, serve_args, server_env
+from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, client, labels, run_options
 from bench.serve.launchers import needs
 from bench.store.evidence import diagnose_results
 from bench.store.publish import open_results
@@ -32,12 +47,21 @@ from bench.store.results import write_config
 # variable merely named *KEY* is masked too.
 SECRET_LOOKING = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 DEFAULT_PORT = 8000  # for a cell with no run record to take its port from
+COLLECT_ENV = ["-m", "vllm.collect_env"]
+# It takes ~5 s on a CPU host; on a GPU host it also asks nvidia-smi and the driver, which can hang.
+COLLECT_ENV_TIMEOUT_S = 180.0
+API_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+class CollectEnvError(Exception):
+    """Why collect_env could not be run here: one line, said in the report and on stderr."""
 
 
 @dataclass(frozen=True)
 class WrittenBugReport:
     report: Path
     matrix: Path
+    warnings: list[str] = field(default_factory=list)  # redacted, for stderr
 
 
 def report_redactor(config: Config, env: Mapping[str, str]) -> Redactor:
@@ -142,10 +166,112 @@ def curl_command(cell: Cell, prompt: Prompt, port: int, api_key: bool) -> str:
 
 
 def _collect_env(cell: Cell, boxed: bool, pin: str | None) -> str:
-    if boxed:
-        return f"docker run --rm --entrypoint python3 {shlex.quote(pin or cell.image.ref or '')} -m vllm.collect_env"
-    overlay = image_env(cell.image, {}).get("PYTHONPATH")
-    return (f"PYTHONPATH={shlex.quote(overlay)} " if overlay else "") + f"{shlex.quote(cell.image.python)} -m vllm.collect_env"
+    """The command that runs collect_env as run_collect_env_local / run_collect_env_docker do."""
+    if not boxed:
+        return " ".join(filter(None, (_assignments(image_env(cell.image, {})), shlex.join([cell.image.python,
+                                                                                            *COLLECT_ENV]))))
+    d = cell.profile.docker
+    words = ["docker", "run", "--rm", "--network", "host"]
+    if d.runtime:
+        words += ["--runtime", d.runtime]
+    elif d.gpus != "none":  # what collect_env reports of the GPUs is what the container is given
+        words += ["--gpus", str(d.gpus)]
+    for i, path in enumerate(cell.image.pythonpath):
+        words += ["-v", f"{path}:{OVERLAY_ROOT}/{i}:ro"]
+    overlays = [f"{OVERLAY_ROOT}/{i}" for i in range(len(cell.image.pythonpath))]
+    for name, value in image_env(cell.image.model_copy(update={"pythonpath": overlays}), {}).items():
+        # A secret-looking variable is passed from the shell's environment by name, never written.
+        words += ["-e", name if SECRET_LOOKING.search(name) else f"{name}={value}"]
+    return shlex.join([*words, "--entrypoint", cell.image.python, pin or cell.image.ref or "", *COLLECT_ENV])
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""
+
+
+def run_collect_env_local(cell: Cell, env: Mapping[str, str], timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> str:
+    """collect_env's output from the image's Python, with its overlay and variables on top of
+    `env`. Raises CollectEnvError."""
+    argv = [cell.image.python, *COLLECT_ENV]
+    # Not from the caller's folder: `-m` puts it first on sys.path, and from a vLLM checkout it
+    # would report that source tree instead of the image's vLLM.
+    with tempfile.TemporaryDirectory(prefix="regbench-collect-env-") as cwd:
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=image_env(cell.image, dict(env)), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise CollectEnvError(f"cannot run {cell.image.python}: {exc.strerror or exc}") from None
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise CollectEnvError(f"{shlex.join(argv)} timed out after {timeout_s:g} s") from None
+        finally:
+            if proc.poll() is None:  # timed out, or Ctrl-C: its children (lscpu, pip, ...) too
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    text = out.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        raise CollectEnvError(f"{shlex.join(argv)} exited with code {proc.returncode}"
+                              + _last_line(err.decode("utf-8", "replace")))
+    return text
+
+
+def _explain(exc: Exception) -> str:
+    return str(getattr(exc, "explanation", None) or exc).replace("\n", " ")
+
+
+def run_collect_env_docker(cell: Cell, ref: str, run_id: str, warnings: list[str],
+                           timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> str:
+    """collect_env's output from a container of `ref` as the launcher starts the cell's servers
+    (its platform's options, host networking, the overlay mounted first on PYTHONPATH). Raises
+    CollectEnvError; a container it could not remove is added to `warnings`."""
+    try:
+        engine = client()
+    except DockerUnavailable as exc:
+        raise CollectEnvError(str(exc)) from None
+    name = f"regbench-{run_id}-collect-env-{secrets.token_hex(4)}"
+    container = None
+    try:
+        try:
+            img = engine.images.get(ref)
+        except docker.errors.ImageNotFound:
+            raise CollectEnvError(f"image {ref} is not on this host (a report pulls nothing)") from None
+        baked = dict(v.partition("=")[::2] for v in (img.attrs.get("Config") or {}).get("Env") or [])
+        overlays = [f"{OVERLAY_ROOT}/{i}" for i in range(len(cell.image.pythonpath))]
+        container = engine.containers.create(
+            str(img.id), entrypoint=[cell.image.python, *COLLECT_ENV], detach=True, name=name,
+            # As the launcher's servers: the matrix's variables of the image on top of those the image
+            # sets (the engine merges them), the overlay alone on PYTHONPATH.
+            environment=image_env(cell.image.model_copy(update={"pythonpath": overlays}), {}),
+            volumes={p: {"bind": o, "mode": "ro"} for p, o in zip(cell.image.pythonpath, overlays, strict=True)},
+            # Labelled like the launcher's containers: `regbench clean` finds one a killed report left.
+            labels=labels(run_id, "collect-env", None), **run_options(cell.profile))
+        container.start()
+        try:
+            status = container.wait(timeout=timeout_s)
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            raise CollectEnvError(f"its container of {ref} timed out after {timeout_s:g} s") from None
+        code = int(status["StatusCode"])
+        if code != 0:
+            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+            raise CollectEnvError(f"{cell.image.python} -m vllm.collect_env in a container of {ref} exited with "
+                                  f"code {code}" + _last_line(err))
+        out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        # The variables the image sets are not in the report's redactor, and collect_env prints some.
+        return Redactor(v for n, v in baked.items() if SECRET_LOOKING.search(n)).text(out)
+    except API_ERRORS as exc:
+        raise CollectEnvError(f"cannot run collect_env in a container of {ref}: {_explain(exc)}") from None
+    finally:
+        try:
+            # By name when create() failed after the engine had made it (a time-out, Ctrl-C).
+            (container or engine.containers.get(name)).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except API_ERRORS as exc:
+            warnings.append(f"cannot remove the container {name} ({_explain(exc)}); `regbench clean` removes it")
+        finally:
+            engine.close()
 
 
 def _first_divergence(data: Results, cell: Cell, runs: list[RunRecord]) -> TokenDivergence | None:
@@ -161,9 +287,12 @@ def _first_divergence(data: Results, cell: Cell, runs: list[RunRecord]) -> Token
     return min(evidence, key=lambda x: (x[0], x[1]))[2] if evidence else None
 
 
-def gather_bug_report(path: Path, cell_id: str, matrix_file: str) -> tuple[BugReport, Config, Config]:
-    """The report of one failing or flaky cell, its one-cell matrix, and the matrix as run.
-    Raises ConfigError for a cell the run does not have, or one that did not fail."""
+def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[str, str] | None = None,
+                      collect_env: bool = True, warnings: list[str] | None = None) -> tuple[BugReport, Config, Config]:
+    """The report of one failing or flaky cell, its one-cell matrix, and the matrix as run; with
+    `collect_env`, vLLM's collect_env run in the cell's environment (on `env`, by default this
+    process's), why it could not be added to `warnings`. Raises ConfigError for a cell the run
+    does not have, or one that did not fail."""
     results = open_results(path)
     data = results.load()
     summary = judge(data)
@@ -195,6 +324,15 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str) -> tuple[BugRe
     prompt_ids = [f.prompt_id for f in (run.findings if run else []) if f.prompt_id]
     prompt = next((p for p in cell.workload.prompts if p.id in prompt_ids[:1]), cell.workload.prompts[0])
     exit_exception = next((f.evidence for r in runs for f in r.findings if isinstance(f.evidence, ExitEpisode)), None)
+    collected, collect_error = None, None
+    if collect_env:
+        warnings = [] if warnings is None else warnings
+        try:
+            collected = run_collect_env_docker(cell, pin or str(cell.image.ref), results.path.name, warnings) \
+                if boxed else run_collect_env_local(cell, os.environ if env is None else env)
+        except CollectEnvError as exc:
+            collect_error = str(exc)
+            warnings.append(f"vLLM's collect_env could not be run here ({exc}); the report gives its command instead")
     report = BugReport(
         run_id=results.path.name, cell=judged, diagnosis=cell_diagnosis,
         fingerprint=fingerprint, launcher=data.config.launcher, matrix_file=matrix_file,
@@ -203,17 +341,24 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str) -> tuple[BugRe
         collect_env_command=_collect_env(cell, boxed, pin),
         first_failing_repeat=run.repeat if run else 0,
         divergence=_first_divergence(data, cell, runs) if judged.divergence_positions else None,
-        exit_exception=exit_exception,
+        exit_exception=exit_exception, collect_env_output=collected, collect_env_error=collect_error,
     )
     return report, one_cell_config(data.config, cells, cell), data.config
 
 
-def write_bug_report(path: Path, cell_id: str, env: Mapping[str, str] | None = None) -> WrittenBugReport:
-    """DIR/bug-<cell>.md and the one-cell matrix DIR/bug-<cell>.yaml, both redacted."""
+def write_bug_report(path: Path, cell_id: str, env: Mapping[str, str] | None = None,
+                     collect_env: bool = True) -> WrittenBugReport:
+    """DIR/bug-<cell>.md and the one-cell matrix DIR/bug-<cell>.yaml, both redacted; with
+    `collect_env`, collect_env run with `env` (by default this process's environment)."""
     results_path = Path(os.path.abspath(path))
     report_path, matrix_path = results_path / f"bug-{cell_id}.md", results_path / f"bug-{cell_id}.yaml"
-    report, matrix, config = gather_bug_report(results_path, cell_id, str(matrix_path))
-    redactor = report_redactor(config, os.environ if env is None else env)
+    env = os.environ if env is None else env
+    warnings: list[str] = []
+    report, matrix, config = gather_bug_report(results_path, cell_id, str(matrix_path), env, collect_env, warnings)
+    # The same redactor over the whole text covers collect_env's output too: it prints the
+    # variables it finds relevant (TORCH*, NCCL*, CUDA*, vLLM's own), and its own filter lets
+    # through a name such as CUDA_..._KEY whose value this masks.
+    redactor = report_redactor(config, env)
     write_config(matrix_path, matrix, redactor)
     report_path.write_text(redactor.text(render(report)), encoding="utf-8")
-    return WrittenBugReport(report=report_path, matrix=matrix_path)
+    return WrittenBugReport(report=report_path, matrix=matrix_path, warnings=[redactor.text(w) for w in warnings])
