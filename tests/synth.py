@@ -138,3 +138,26 @@ def timed(root: Path, run_id: str, repeats: int = 3, slower: float = 1.0, stream
             perf = RunPerf(boot_s=40.0 * f, output_tokens=tokens, throughput_tok_s=tokens / (1.5 * f))
             add_run(_WithPerf(results, perf), f"m__{fmt}__cpu__img", repeat, boot_s=40.0 * f, latency_s=0.5 * f)
     return results
+
+
+def releases(root: Path, run_id: str, images: dict[str, str], failing: tuple[str, ...] = (), repeats: int = 2,
+             knobs: tuple[str, ...] = (), streamer: str = "0.17.0") -> ResultsDir:
+    """One image per vLLM release in one run (image name -> the vLLM version its fingerprint
+    reports), as a release manager's matrix has them. The runai_streamer cell of each image in
+    `failing` returns the seed bug's output; the others pass. `knobs`: an invariance block with
+    them (on the baseline cells, safetensors), each knob's cell answering as its original."""
+    spec = matrix(tuple(images), repeats)
+    if knobs:
+        spec["invariance"] = [{"knobs": list(knobs)}]
+    results = create(root, run_id, spec)
+    for image, vllm in images.items():
+        fingerprint(results, image, vllm=vllm, runai_model_streamer=streamer)
+        cells = [f"m__safetensors__cpu__{image}", f"m__runai_streamer__cpu__{image}",
+                 *(f"m__safetensors__cpu__{image}+{k}" for k in knobs)]
+        for cell in cells:
+            for repeat in range(1, repeats + 1):
+                if image in failing and "__runai_streamer__" in cell:
+                    add_run(results, cell, repeat, ids=[0] * 128, text="", findings=[EMPTY])
+                else:
+                    add_run(results, cell, repeat)
+    return results

@@ -1,7 +1,8 @@
 """The history database (bench/store/history.py) and `regbench history`, against SQLite and a real
 PostgreSQL server alike: ingest is idempotent by run id, concurrent writers neither lose nor
 duplicate a run, a run's rows land whole or not at all, the schema is versioned and migrated once,
-and the history names the run where a passing cell broke and the last good one before it.
+and the history names the run where a passing cell broke and the last good one before it (or,
+with --by image|vllm, the release that broke a cell and the last good one).
 
 Results folders are synthetic (tests/synth.py: the bench's own records, no server); the verdicts
 stored are the bench's judge's. PostgreSQL is a cluster of the tests' own (tests/pgserver.py),
@@ -413,6 +414,197 @@ def test_a_container_or_vllm_change_names_the_image_bisect_and_what_its_matrix_m
     (r,) = regressions([at("1", Verdict.PASS, "0.17.0", "0.32.0", None), at("2", Verdict.FAIL, "0.17.0", "0.32.0", None)],
                        cell)
     assert r.bisect == []
+
+
+# One image per release in one run, listed out of order, and the latest release's streamer cell
+# failing; a later run where it passes. Names chosen so that text order is not release order.
+RELEASES = {"vllm-0.31.0": "0.31.0", "vllm-0.10.0": "0.10.0", "vllm-0.32.0": "0.32.0", "vllm-0.9.0": "0.9.0"}
+SERIES = "m__runai_streamer__cpu__*"
+
+
+def ingest_releases(db: str, tmp_path: Path, capsys) -> Path:
+    root = tmp_path / "results"
+    started(synth.releases(root, "rel-1", RELEASES, failing=("vllm-0.32.0",)), 1_000_000)
+    started(synth.releases(root, "rel-2", {"vllm-0.32.0": "0.32.0"}), 2_000_000)
+    rc, out, _ = cli(capsys, "history", "ingest", str(root / "rel-2"), str(root / "rel-1"), "--history", db)
+    assert rc == 0 and out.count("ingested") == 2
+    return root
+
+
+@pytest.mark.parametrize("by", ["image", "vllm"])
+def test_by_image_and_by_vllm_name_the_release_that_broke_the_cell(db, tmp_path, capsys, by):
+    """A series is the cell without its image, its points every (run, image) in release order
+    (0.9.0 before 0.10.0, not as text sorts), then start time: the break is named by its first bad
+    image and the last good one, and its bisect is the images axis between those two, on the bad
+    run's own matrix, which holds both."""
+    root = ingest_releases(db, tmp_path, capsys)
+    rc, out, _ = cli(capsys, "history", "--history", db, "--by", by, "--json")
+    assert rc == 0
+    view = json.loads(out)
+    assert view["by"] == by
+    cells = {c["cell_id"]: c for c in view["cells"]}
+    assert set(cells) == {SERIES, "m__safetensors__cpu__*"}
+    series = cells[SERIES]
+    assert [(p["image"], p["run_id"]) for p in series["points"]] == [
+        ("vllm-0.9.0", "rel-1"), ("vllm-0.10.0", "rel-1"), ("vllm-0.31.0", "rel-1"), ("vllm-0.32.0", "rel-1"),
+        ("vllm-0.32.0", "rel-2")]
+    assert [p["verdict"] for p in series["points"]] == ["pass", "pass", "pass", "fail", "pass"]
+    assert series["points"][3]["cell_id"] == "m__runai_streamer__cpu__vllm-0.32.0"
+    command = shlex.join(["regbench", "bisect", "--config", f"{root / 'rel-1'}/config.yaml",
+                          "--cell", "m__runai_streamer__cpu__vllm-0.32.0", "--images", "vllm-0.31.0,vllm-0.32.0",
+                          "--good", "vllm-0.31.0", "--bad", "vllm-0.32.0"])
+    assert series["regressions"] == [{
+        "first_bad": "rel-1", "first_bad_image": "vllm-0.32.0", "verdict": "fail",
+        "last_good": "rel-1", "last_good_image": "vllm-0.31.0", "fixed_in": "rel-2", "fixed_in_image": "vllm-0.32.0",
+        "changed": {"vllm": ["0.31.0", "0.32.0"]},
+        "bisect": [{"change": "image vllm-0.31.0 → vllm-0.32.0, vllm 0.31.0 → 0.32.0", "command": command,
+                    "needs": None}],
+    }]
+    assert cells["m__safetensors__cpu__*"]["regressions"] == []
+
+    rc, out, _ = cli(capsys, "history", "--history", db, "--by", by, "--cell", SERIES)
+    words = " ".join(out.split())
+    if by == "image":
+        assert ("first FAIL in vllm-0.32.0 (run rel-1), last good vllm-0.31.0 (run rel-1); changed: vllm 0.31.0 → "
+                "0.32.0; passes again from vllm-0.32.0 (run rel-2)") in words
+        assert f"{SERIES}, by image version" in words
+    else:
+        assert ("first FAIL in vLLM 0.32.0 (image vllm-0.32.0, run rel-1), last good vLLM 0.31.0 (image vllm-0.31.0, "
+                "run rel-1)") in words
+        assert f"{SERIES}, by vLLM version" in words
+    assert f"narrow image vllm-0.31.0 → vllm-0.32.0, vllm 0.31.0 → 0.32.0: {command}" in words
+    assert_images_bisect_runs_as_far_as_the_probes(command, "m__runai_streamer__cpu__vllm-0.32.0", tmp_path)
+
+
+def assert_images_bisect_runs_as_far_as_the_probes(command: str, cell_id: str, tmp_path: Path) -> None:
+    """The printed images bisect as the CLI takes it: every flag parses, the matrix loads and holds
+    the cell, and both ends (and every image listed) are images of that matrix."""
+    import yaml
+
+    from bench.cli import parser
+    from bench.store.matrixfile import load_config
+    from bench.versions import find_cell
+
+    args = parser().parse_args(shlex.split(command)[1:])
+    assert args.command == "bisect" and args.streamer is None
+    matrix = yaml.safe_load(Path(args.config).read_text())
+    (tmp_path / "model").mkdir()
+    matrix["models"][0]["path"] = str(tmp_path / "model")  # synth's model path is on no machine
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(matrix))
+    config = load_config(tmp_path / "config.yaml")
+    assert find_cell(config, args.cell).id == cell_id
+    images = args.images.split(",")
+    assert set(images) <= {i.name for i in config.images} and {args.good, args.bad} <= set(images)
+
+
+def test_by_time_is_the_view_it_always_was(db, tmp_path, capsys):
+    """The default order: one history per cell id, by start time, and the JSON's points and breaks
+    with exactly their old keys (the fields naming a point's image are for the other orders)."""
+    ingest_releases(db, tmp_path, capsys)
+    rc, out, _ = cli(capsys, "history", "--history", db, "--json")
+    view = json.loads(out)
+    assert rc == 0 and view["by"] == "time"
+    cells = {c["cell_id"]: c for c in view["cells"]}
+    assert len(cells) == 2 * len(RELEASES)
+    bad = cells["m__runai_streamer__cpu__vllm-0.32.0"]
+    assert [p["run_id"] for p in bad["points"]] == ["rel-1", "rel-2"]
+    assert "cell_id" not in bad["points"][0] and "too_few_images" not in bad
+    assert bad["regressions"] == [{"first_bad": "rel-1", "verdict": "fail", "last_good": None, "fixed_in": "rel-2",
+                                   "changed": {}, "bisect": []}]
+
+
+def test_by_needs_a_known_order_and_cell_takes_a_series_or_any_of_its_cells(db, tmp_path, capsys):
+    ingest_releases(db, tmp_path, capsys)
+    with pytest.raises(SystemExit) as exc:
+        regbench(["history", "--history", db, "--by", "digest"])
+    assert exc.value.code == 2 and "invalid choice: 'digest'" in capsys.readouterr().err
+    for name in (SERIES, "m__runai_streamer__cpu__vllm-0.9.0", "m__runai_streamer__cpu__vllm-0.32.0"):
+        rc, out, _ = cli(capsys, "history", "--history", db, "--by", "vllm", "--cell", name, "--json")
+        (cell,) = json.loads(out)["cells"]
+        assert rc == 0 and cell["cell_id"] == SERIES and len(cell["points"]) == 5
+    rc, _, err = cli(capsys, "history", "--history", db, "--by", "image", "--cell", "m__nosuch__cpu__*")
+    assert rc == 2 and "--cell m__nosuch__cpu__*: no such cell or series" in err and SERIES in err
+    # In time order a series is no cell.
+    rc, _, err = cli(capsys, "history", "--history", db, "--cell", SERIES)
+    assert rc == 2 and f"--cell {SERIES}: no such cell in the history" in err
+
+
+def test_a_knob_cell_is_a_series_of_its_own(db, tmp_path, capsys):
+    root = tmp_path / "results"
+    started(synth.releases(root, "knobs", {"vllm-0.10.0": "0.10.0", "vllm-0.9.0": "0.9.0"}, knobs=("serial",)),
+            1_000_000)
+    rc, _, _ = cli(capsys, "history", "ingest", str(root / "knobs"), "--history", db)
+    assert rc == 0
+    rc, out, _ = cli(capsys, "history", "--history", db, "--by", "image", "--json")
+    series = {c["cell_id"]: [p["image"] for p in c["points"]] for c in json.loads(out)["cells"]}
+    assert series == {"m__runai_streamer__cpu__*": ["vllm-0.9.0", "vllm-0.10.0"],
+                      "m__safetensors__cpu__*": ["vllm-0.9.0", "vllm-0.10.0"],
+                      "m__safetensors__cpu__*+serial": ["vllm-0.9.0+serial", "vllm-0.10.0+serial"]}
+    rc, out, _ = cli(capsys, "history", "--history", db, "--by", "image", "--cell", "m__safetensors__cpu__vllm-0.9.0+serial",
+                     "--json")
+    assert [c["cell_id"] for c in json.loads(out)["cells"]] == ["m__safetensors__cpu__*+serial"]
+
+
+def test_release_orders_are_version_aware():
+    """Image order: the release number in the reference's tag, else in the name, whatever the
+    text around it; names without one after, in natural order. vLLM order: PEP 440, then the
+    streamer's, an unknown vLLM last."""
+    from bench.core.history import order_key, series_of
+
+    def at(image: str, vllm: str | None = None, ref: str | None = None, streamer: str = "0.17.0",
+           t: float = 0.0) -> CellPoint:
+        return point("r", Verdict.PASS, streamer).model_copy(update={
+            "image": image, "vllm": vllm, "image_ref": ref, "started_at": t})
+
+    images = [at("nightly"), at("img-10"), at("vllm-0.32.0"), at("tagged", ref="vllm/vllm-openai:v0.10.0"),
+              at("latest-tag-0.31.0rc1", ref="registry:5000/vllm/vllm-openai:latest"), at("vllm-0.9.0"),
+              at("img-9"), at("vllm-0.31.0")]
+    assert [p.image for p in sorted(images, key=order_key("image"))] == [
+        "vllm-0.9.0", "tagged", "latest-tag-0.31.0rc1", "vllm-0.31.0", "vllm-0.32.0", "img-9", "img-10", "nightly"]
+    # A knob's image sorts as its original's.
+    assert [p.image for p in sorted([at("vllm-0.10.0+serial"), at("vllm-0.9.0+serial")], key=order_key("image"))] == [
+        "vllm-0.9.0+serial", "vllm-0.10.0+serial"]
+
+    versions = [at("a", None), at("b", "0.10.0", streamer="0.17.0"), at("c", "0.10.0", streamer="0.16.0"),
+                at("d", "0.9.0", t=2.0), at("e", "0.9.0", t=1.0), at("f", "0.10.0rc1"),
+                at("g", "0.11.0.dev12+gabc.cpu")]
+    assert [p.image for p in sorted(versions, key=order_key("vllm"))] == ["e", "d", "f", "c", "b", "g", "a"]
+    assert series_of("m__lf__cpu__vllm-0.9.0") == series_of("m__lf__cpu__*") == "m__lf__cpu__*"
+    assert series_of("m__lf__cpu__vllm-0.9.0+serial") == "m__lf__cpu__*+serial"
+
+
+def test_an_images_bisect_runs_as_printed_only_where_the_bad_runs_matrix_holds_both_ends():
+    """Out of time order, a break between two images names them as the bisect's ends. On the bad
+    run's own matrix when it held both (the images of the series between them that it held inside);
+    else the placeholders, with the two ends named. A break within one image (another run of it)
+    is no images bisect: the fingerprints say what changed, as in time order."""
+    def at(run_id: str, image: str, verdict: Verdict, vllm: str) -> CellPoint:
+        return point(run_id, verdict).model_copy(update={
+            "image": image, "vllm": vllm, "source": f"/r/{run_id}", "cell_id": f"m__runai_streamer__cpu__{image}"})
+
+    points = [at("1", "v-0.31.0", Verdict.PASS, "0.31.0"), at("1", "v-0.31.1", Verdict.NOT_RUN, "0.31.1"),
+              at("2", "v-0.31.2", Verdict.NOT_RUN, "0.31.2"), at("1", "v-0.32.0", Verdict.FAIL, "0.32.0")]
+    (r,) = regressions(points, "m__runai_streamer__cpu__*", "image", {"1": {"v-0.31.0", "v-0.31.1", "v-0.32.0"}})
+    assert (r.first_bad, r.first_bad_image, r.last_good, r.last_good_image) == ("1", "v-0.32.0", "1", "v-0.31.0")
+    (hint,) = r.bisect
+    assert hint.needs is None and hint.command == (
+        "regbench bisect --config /r/1/config.yaml --cell m__runai_streamer__cpu__v-0.32.0 "
+        "--images v-0.31.0,v-0.31.1,v-0.32.0 --good v-0.31.0 --bad v-0.32.0")
+    # The last good image in another run's matrix only.
+    (r,) = regressions(points, "m__runai_streamer__cpu__*", "image", {"1": {"v-0.32.0"}})
+    (hint,) = r.bisect
+    assert hint.command == ("regbench bisect --config MATRIX --cell CELL --images v-0.31.0,…,v-0.32.0 "
+                            "--good v-0.31.0 --bad v-0.32.0")
+    assert hint.needs is not None and "(the history has v-0.31.1, v-0.31.2)" in hint.needs
+    assert "CELL: m__runai_streamer__cpu__* with any of its images for *" in hint.needs
+    # One image, two runs: what its fingerprint says changed, not an images bisect.
+    same = [at("1", "v-0.32.0", Verdict.PASS, "0.32.0"),
+            at("2", "v-0.32.0", Verdict.FAIL, "0.32.0").model_copy(update={"runai_model_streamer": "0.16.0"})]
+    (r,) = regressions(same, "m__runai_streamer__cpu__*", "vllm", {"2": {"v-0.32.0"}})
+    assert [h.change for h in r.bisect] == ["runai_model_streamer 0.17.0 → 0.16.0"]
+    assert r.bisect[0].command.startswith("regbench bisect --config /r/2/config.yaml --cell m__runai_streamer__cpu__v-0.32.0 ")
+    assert r.text() == ("first FAIL in vLLM 0.32.0 (image v-0.32.0, run 2), last good vLLM 0.32.0 (image v-0.32.0, run 1); "
+                        "changed: runai_model_streamer 0.17.0 → 0.16.0; not passing since")
 
 
 def test_the_schema_version_is_recorded_and_reopening_does_not_migrate_again(db):

@@ -84,3 +84,35 @@ def test_trend_page_escapes_what_comes_from_the_folders(tmp_path):
     page = render_trend(Trend(database="sqlite:///x", schema_version=2, window=5, generated_at=0.0,
                               cells=[CellHistory(cell_id=f"c{bad}", points=[point], regressions=[])]))
     assert bad not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+@needs_program("chromium")
+def test_trend_page_by_vllm_shows_the_points_in_release_order(tmp_path, capsys):
+    """--by vllm: one series per cell without its image, its points in the order of their vLLM
+    versions (neither the image names' order nor the matrix's), left to right, each named by run
+    and image; the header says so, and the break sits on the release that broke."""
+    root = tmp_path / "results"
+    # Image names that sort unlike their releases: only the fingerprints' versions give the order.
+    images = {"b-img": "0.31.0", "c-img": "0.9.0", "a-img": "0.32.0", "d-img": "0.10.0"}
+    started(synth.releases(root, "rel", images, failing=("a-img",)), 1_000_000)
+    assert regbench(["history", "ingest", str(root / "rel")]) == 0
+    page = tmp_path / "trend.html"
+    assert regbench(["history", "--results", str(root), "--by", "vllm", "--html", str(page)]) == 0
+
+    series = "m__runai_streamer__cpu__*"
+    dom, log, _ = chromium(page.as_uri(), tmp_path)
+    assert console_errors(log) == []
+    assert re.search(r'<body[^>]* data-ready="1"', dom), "the page script did not run to its end"
+    assert re.search(r'<span class="order" data-by="vllm">ordered by vLLM version', dom)
+    verdicts = _plot(dom, series, "verdicts")
+    dots = re.findall(r'<circle cx="([\d.]+)"[^>]*class="v v-(\w+)" data-run="rel" data-image="([^"]+)"', verdicts)
+    assert [(verdict, image) for _, verdict, image in dots] == [
+        ("pass", "c-img"), ("pass", "d-img"), ("pass", "b-img"), ("fail", "a-img")]
+    xs = [float(x) for x, _, _ in dots]
+    assert xs == sorted(xs) and len(set(xs)) == 4
+    assert re.findall(r'class="break" data-run="rel" data-image="([^"]+)"', verdicts) == ["a-img"]
+    assert re.search(r"<title>image a-img · run rel · ", verdicts)
+    latency = _plot(dom, series, "metric", "latency (s)")
+    assert re.findall(r'class="m v-\w+" data-run="rel" data-image="([^"]+)"', latency) == ["c-img", "d-img", "b-img", "a-img"]
+    assert re.search(r'<li class="break-line" data-run="rel" data-image="a-img">first FAIL in vLLM 0.32.0 \(image a-img, '
+                     r'run rel\), last good vLLM 0.31.0 \(image b-img, run rel\)', dom)

@@ -11,7 +11,7 @@ from pathlib import Path
 from bench.commands.console import err, out
 from bench.core.config import ConfigError
 from bench.core.errors import EXIT_PASS, EXIT_USAGE, RegbenchError
-from bench.core.history import DEFAULT_WINDOW
+from bench.core.history import DEFAULT_WINDOW, ORDER_TEXT, ORDERS, series_of
 from bench.core.perf import parse_thresholds, threshold_list, thresholds_in_effect
 from bench.report.history import history_table, regression_lines, slowdown_lines
 from bench.report.trend import Trend, render_trend
@@ -30,11 +30,18 @@ def add_cli_args(sub) -> None:
                     "the bisect that narrows what changed between them; and each run slower than the last "
                     "--window good runs before it, by regbench compare's bootstrap rule: per metric, the 95 % "
                     "interval of the ratio of medians wholly above the metric's threshold (--threshold). "
+                    "--by image or vllm: per cell without its image (one series across the images, one image per "
+                    "release), its points ordered by release instead, to name the release that broke it. "
                     "`regbench history ingest DIR...` adds results folders.")
     h.add_argument("--history", metavar="URL", help=_URL_HELP)
     h.add_argument("--results", default="results", metavar="DIR",
                    help=f"the results root whose {DEFAULT_NAME} is the default database (default: results)")
-    h.add_argument("--cell", metavar="ID", help="only this cell (model__load-format__platform__image)")
+    h.add_argument("--cell", metavar="ID", help="only this cell (model__load-format__platform__image); with --by "
+                                                 "image|vllm its series, named as model__load-format__platform__* "
+                                                 "or by any of its cells")
+    h.add_argument("--by", choices=ORDERS, default="time",
+                   help="the order of a cell's points: " + "; ".join(f"{k}: {v}" for k, v in ORDER_TEXT.items())
+                        + " (image, vllm: one series per cell without its image, a knob's cell its own; default time)")
     h.add_argument("--json", action="store_true", help="print the history as JSON")
     h.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help=f"compare each run's performance with the last N runs of its cell that passed "
@@ -95,22 +102,28 @@ def main(args: argparse.Namespace) -> int:
     stated = in_effect if in_effect != thresholds_in_effect() else None
     history = open_history(args.history or default_url(Path(args.results)), create=False)
     try:
-        if args.cell is not None and args.cell not in (known := history.cell_ids()):
-            raise ConfigError(f"--cell {args.cell}: no such cell in the history {history.shown}"
-                              + (f"; cells: {', '.join(known)}" if known else " (it holds no run)"))
-        cells = history.histories(args.cell, window=args.window, thresholds=thresholds)
+        if args.cell is not None:
+            known = history.cell_ids()
+            if args.by != "time":
+                # A series by its key or by any of its cells: both say which cell without its image.
+                known = sorted({series_of(c) for c in known} | set(known))
+            if args.cell not in known:
+                what, listed = ("cell", "cells") if args.by == "time" else ("cell or series", "series and cells")
+                raise ConfigError(f"--cell {args.cell}: no such {what} in the history {history.shown}"
+                                  + (f"; {listed}: {', '.join(known)}" if known else " (it holds no run)"))
+        cells = history.histories(args.cell, window=args.window, thresholds=thresholds, by=args.by)
         version = history.schema_version()
     finally:
         history.close()
     if args.html:
         page = render_trend(Trend(database=history.shown, schema_version=version, window=args.window,
-                                  thresholds=stated, cells=cells, generated_at=time.time()))
+                                  thresholds=stated, cells=cells, generated_at=time.time(), by=args.by))
         write_page(Path(args.html), page)
         err.print(f"trend page: {args.html}", highlight=False, markup=False)
     if args.json:
-        view = {"database": history.shown, "schema_version": version, "window": args.window,
+        view = {"database": history.shown, "schema_version": version, "window": args.window, "by": args.by,
                 **({"thresholds": stated} if stated else {}),
-                "cells": [h.model_dump(mode="json") for h in cells]}
+                "cells": [h.as_json() for h in cells]}
         print(json.dumps(view, indent=2))
         return EXIT_PASS
     if args.html:

@@ -20,10 +20,20 @@ server) of the last `window` runs that passed and measured it, pooled, as side A
 per-run values as side B. A run flagged slower on a metric does not enter that metric's later
 windows, so a slowdown stays flagged until the cell is fast again, as a break stays named until it
 is fixed; it still enters the other metrics' windows and, if it passed, the verdict's.
+
+A release manager who runs one image per release asks another question: which release broke the
+cell. Those are different cells (the image is part of the id), so `by="image"` and `by="vllm"`
+read a *series* instead: the cell without its image (`m__lf__plat__*`, a knob's `+knob` kept: a
+knob's cell is compared with its own original, so it is a series of its own), its points every
+(run, image) of it, ordered by the image's version (its reference's tag, else its name) or by the
+fingerprint's vLLM then streamer version, then by start time. Breaks and slowdowns are the same
+rules along that order; since a run holds several points of a series, a point is then named by its
+run and its image.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections import defaultdict
 from collections.abc import Iterable
@@ -32,7 +42,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import Field
 
 from bench.core.diagnosis import Diagnosis
-from bench.core.matrix import matrix_image
+from bench.core.matrix import KNOB_SEP, matrix_image
 from bench.core.perf import METRICS, MIN_RUNS, SlowdownCheck, run_values, slowdown
 from bench.core.records import Fingerprint, Record, RequestRecord, RunRecord, Summary
 from bench.core.stats import percent_range
@@ -174,6 +184,7 @@ class CellPoint(Record):
     values: dict[str, list[float]] = Field(default_factory=dict)
     source: str = ""  # the results folder the run was ingested from
     image_ref: str | None = None  # a container image's reference; None: a local image (a venv)
+    cell_id: str = ""  # which cell of a series (--by image|vllm) the point is; not in time order's JSON
 
     @property
     def good(self) -> bool:
@@ -209,13 +220,23 @@ class Regression(Record):
     fixed_in: str | None = None
     changed: dict[str, tuple[str | None, str | None]] = Field(default_factory=dict)  # fingerprint field -> (last good, first bad)
     bisect: list[BisectHint] = Field(default_factory=list)  # how to narrow each change (bisect_hints)
+    # Out of time order a run holds a point per image of the series: the run id alone does not
+    # say which point broke. None in time order (and left out of its JSON).
+    first_bad_image: str | None = None
+    last_good_image: str | None = None
+    fixed_in_image: str | None = None
+    # How text() names each point ("first_bad", "last_good", "fixed_in"), where not by its run id.
+    names: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     def text(self) -> str:
-        before = (f"last good {self.last_good}" if self.last_good is not None
+        def name(key: str, run_id: str) -> str:
+            return self.names.get(key, run_id)
+
+        before = (f"last good {name('last_good', self.last_good)}" if self.last_good is not None
                   else "no good run before it in the history")
         changes = "; changed: " + ", ".join(f"{k} {a} → {b}" for k, (a, b) in self.changed.items()) if self.changed else ""
-        fixed = f"; passes again from {self.fixed_in}" if self.fixed_in else "; not passing since"
-        return f"first {self.verdict.value.upper()} in {self.first_bad}, {before}{changes}{fixed}"
+        fixed = f"; passes again from {name('fixed_in', self.fixed_in)}" if self.fixed_in else "; not passing since"
+        return f"first {self.verdict.value.upper()} in {name('first_bad', self.first_bad)}, {before}{changes}{fixed}"
 
 
 def _version_range(a: str, b: str) -> str:
@@ -228,12 +249,18 @@ def _version_range(a: str, b: str) -> str:
 
 
 def bisect_hints(cell_id: str, good: CellPoint, bad: CellPoint,
-                 changed: dict[str, tuple[str | None, str | None]]) -> list[BisectHint]:
+                 changed: dict[str, tuple[str | None, str | None]], *, by: str = "time",
+                 between: Iterable[str] = (), held: Iterable[str] | None = None) -> list[BisectHint]:
     """How to narrow a break to one version, per axis that changed between the last good run and
     the first bad one. A streamer release is an overlay on a local image, so its bisect runs as
     printed, on the bad run's own matrix (its results folder keeps it, paths resolved). A vLLM
     release or an image digest is an image of the matrix: the command names what a matrix of one
-    image per release between the two must hold, never images the history cannot know."""
+    image per release between the two must hold, never images the history cannot know.
+
+    Out of time order (`by` image or vllm) a break between two images of a series is exactly what
+    `bisect --images` narrows: the hint names the two images as its ends, with `between` (the
+    images of the series between them in that order) inside. It runs as printed where the first
+    bad run's matrix holds every one of them (`held`: that run's images; None: not known)."""
     out = []
     streamer = changed.get("runai_model_streamer")
     local = good.image_ref is None and bad.image_ref is None
@@ -245,7 +272,11 @@ def bisect_hints(cell_id: str, good: CellPoint, bad: CellPoint,
     # In a container the streamer comes with the image: only another image changes it.
     image_axis = [k for k in ("vllm", "runai_model_streamer", "image_digest")
                   if k in changed and (k != "runai_model_streamer" or not local)]
-    if image_axis:
+    old, new = matrix_image(good.image), matrix_image(bad.image)
+    if by != "time" and old != new:
+        out.append(_images_hint(cell_id, good, bad, [f"{k} {changed[k][0]} → {changed[k][1]}" for k in image_axis],
+                                between, held))
+    elif image_axis:
         def shown(p: CellPoint) -> str:
             return p.image_digest or p.image_ref or p.image
 
@@ -258,30 +289,171 @@ def bisect_hints(cell_id: str, good: CellPoint, bad: CellPoint,
     return out
 
 
+def _images_hint(cell_id: str, good: CellPoint, bad: CellPoint, changes: list[str], between: Iterable[str],
+                 held: Iterable[str] | None) -> BisectHint:
+    old, new = matrix_image(good.image), matrix_image(bad.image)
+    change = ", ".join([f"image {old} → {new}", *changes])
+    inside = list(dict.fromkeys(i for i in between if i not in (old, new)))
+    have = set(held) if held is not None else set()
+    if bad.source and {old, new} <= have:
+        # The images between the two that this matrix lacks cannot be probed with it: left out.
+        images = [old, *(i for i in inside if i in have), new]
+        return BisectHint(change=change, command=shlex.join([
+            "regbench", "bisect", "--config", f"{bad.source}/config.yaml", "--cell", cell_id,
+            "--images", ",".join(images), "--good", old, "--bad", new]))
+    a, b = shlex.quote(old), shlex.quote(new)
+    return BisectHint(
+        change=change,
+        command=f"regbench bisect --config MATRIX --cell CELL --images {a},…,{b} --good {a} --bad {b}",
+        needs=(f"MATRIX: a matrix with the images {old} and {new} and one image per release between them "
+               f"({'the history has ' + ', '.join(inside) if inside else 'the history has none'}); …: those, "
+               f"in order; CELL: {series_of(cell_id)} with any of its images for *"))
+
+
 class Slowdown(Record):
     """A run slower than its cell's window of good runs on one metric, by compare's rule."""
 
     run_id: str
     window: list[str]  # the good runs it was compared with, oldest first
     check: SlowdownCheck
+    # Out of time order: the point's image, and the window's images beside `window`'s run ids.
+    image: str | None = None
+    window_images: list[str] | None = None
+    # How text() names the point ("point") and the window's ends ("first", "last"), where not by run id.
+    names: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     def text(self) -> str:
-        first, last = self.window[0], self.window[-1]
+        first = self.names.get("first", self.window[0])
+        last = self.names.get("last", self.window[-1])
         runs = first if first == last else f"{first} … {last}"
-        return f"{self.run_id}: {self.check.text()}, against {len(self.window)} good run(s) ({runs})"
+        point = self.names.get("point", self.run_id)
+        return f"{point}: {self.check.text()}, against {len(self.window)} good run(s) ({runs})"
 
 
 class CellHistory(Record):
-    cell_id: str
-    points: list[CellPoint]  # in the order the runs started
+    cell_id: str  # out of time order, the series: the cell id with `*` for its image
+    points: list[CellPoint]  # in the order `by` says: the runs' start times by default
     regressions: list[Regression]
-    slowdowns: list[Slowdown] = Field(default_factory=list)  # oldest first
+    slowdowns: list[Slowdown] = Field(default_factory=list)  # in the points' order
     # Runs that measured performance with fewer fresh servers than the rule needs (MIN_RUNS): they
     # cannot be flagged slower, whatever their figures.
     too_few_runs: list[str] = Field(default_factory=list)
+    too_few_images: list[str] | None = None  # out of time order: their images, beside too_few_runs
+    by: str = Field(default="time", exclude=True)  # the order of the points (ORDERS)
+
+    def name(self, p: CellPoint) -> str:
+        return point_name(p, self.by)
+
+    def as_json(self) -> dict:
+        """As `regbench history --json` prints it: in time order exactly the keys it always had,
+        the fields that name a point's image only where the order needs them."""
+        if self.by != "time":
+            return self.model_dump(mode="json")
+        return self.model_dump(mode="json", exclude={
+            "too_few_images": True,
+            "points": {"__all__": {"cell_id"}},
+            "regressions": {"__all__": {"first_bad_image", "last_good_image", "fixed_in_image"}},
+            "slowdowns": {"__all__": {"image", "window_images"}},
+        })
 
 
 DEFAULT_WINDOW = 5
+# How a cell's points are ordered: by the runs' start times; or, one series per cell without its
+# image, by the image's version, or by the fingerprint's vLLM (then streamer) version.
+ORDERS = ("time", "image", "vllm")
+ORDER_TEXT = {
+    "time": "by start time",
+    "image": "by image version (its reference's tag, else its name), then start time",
+    "vllm": "by vLLM version, then runai-model-streamer version, then start time",
+}
+SERIES_IMAGE = "*"
+
+
+def series_of(cell_id: str) -> str:
+    """The series a cell belongs to out of time order: its id with `*` for the image, a knob kept
+    (`m__lf__plat__img+serial` -> `m__lf__plat__*+serial`): a knob's cell is checked against its
+    own original, a question of its own whatever the release."""
+    head, sep, image = cell_id.rpartition("__")
+    if not sep:
+        return cell_id
+    _, knob_sep, knob = image.partition(KNOB_SEP)
+    return f"{head}__{SERIES_IMAGE}{knob_sep}{knob}"
+
+
+# A release number inside an image's name or tag: `vllm-0.31.0`, `v0.10.0`, `nightly-0.10.1rc1`. A
+# dot is required: a bare number (`nightly-20260601`) is left to the natural order, which sorts it
+# as well.
+_RELEASE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)+(?:[-.]?(?:a|b|rc)\d+)?(?:\.post\d+)?(?:\.dev\d+)?)")
+
+
+def _release(text: str) -> Version | None:
+    """The first release number in a name or tag that PEP 440 reads."""
+    for m in _RELEASE.finditer(text):
+        try:
+            return Version(m.group(1))
+        except InvalidVersion:
+            continue
+    return None
+
+
+def _natural(text: str) -> list[str | int]:
+    """`img-9` before `img-10`: digit runs compared as numbers. re.split with a group alternates
+    text and digits, text first, so two keys compare like with like."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text))]
+
+
+def _tag(ref: str | None) -> str | None:
+    """The tag of a container reference (`vllm/vllm-openai:v0.10.0@sha256:…` -> `v0.10.0`); a
+    registry's port (`host:5000/repo`) is not one."""
+    if not ref:
+        return None
+    name = ref.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.partition(":")[2] or None
+
+
+def image_key(p: CellPoint) -> tuple:
+    """An image's place among releases: the release number of its tag, else of its name (a tag
+    like `latest` tells nothing, the name may); names without one after every release, in natural
+    order."""
+    name = matrix_image(p.image)
+    tag = _tag(p.image_ref)
+    for text in (tag, name):
+        if text and (v := _release(text)) is not None:
+            return (0, v, _natural(name))
+    return (1, _natural(tag or name))
+
+
+def version_key(text: str | None) -> tuple:
+    """PEP 440 order; a version it cannot read after every one it can, an unknown one last."""
+    if text is None:
+        return (2,)
+    try:
+        return (0, Version(text))
+    except InvalidVersion:
+        return (1, _natural(text))
+
+
+def order_key(by: str):
+    """The sort key of a series' points for an order of ORDERS; start time, run id and image
+    break the ties, so the order never depends on how the database returned the rows."""
+    def tail(p: CellPoint) -> tuple:
+        return (p.started_at, p.run_id, _natural(p.image))
+
+    if by == "image":
+        return lambda p: (image_key(p), *tail(p))
+    if by == "vllm":
+        return lambda p: (version_key(p.vllm), version_key(p.runai_model_streamer), *tail(p))
+    return lambda p: tail(p)
+
+
+def point_name(p: CellPoint, by: str) -> str:
+    """How the views name a point: its run in time order; out of it its image first (what the
+    order is about), and the vLLM version when that is the order."""
+    if by == "time":
+        return p.run_id
+    if by == "vllm":
+        return f"vLLM {p.vllm or '?'} (image {p.image}, run {p.run_id})"
+    return f"{p.image} (run {p.run_id})"
 
 
 def ordered(runs: list[StoredRun]) -> list[StoredRun]:
@@ -289,28 +461,45 @@ def ordered(runs: list[StoredRun]) -> list[StoredRun]:
     return sorted(runs, key=lambda r: (r.started_at, r.run_id))
 
 
-def regressions(points: list[CellPoint], cell_id: str = "") -> list[Regression]:
+def regressions(points: list[CellPoint], cell_id: str = "", by: str = "time",
+                held: dict[str, set[str]] | None = None) -> list[Regression]:
     """Each time the cell went from passing (or from the start of the history) to failing or flaky,
-    oldest first."""
+    in the points' order (`by`: see ORDERS). Out of time order each point is also named by its
+    image, and a break's bisect is for the first bad point's own cell; `held`: per run, the
+    images its matrix held (what makes an images bisect runnable as printed)."""
     out: list[Regression] = []
-    last_good: CellPoint | None = None
+    last_good: int | None = None  # index in points
     open_: Regression | None = None
-    for p in points:
+    series = by != "time"
+    for i, p in enumerate(points):
         if p.good:
             if open_ is not None:
                 open_.fixed_in = p.run_id
+                if series:
+                    open_.fixed_in_image = p.image
+                    open_.names["fixed_in"] = point_name(p, by)
                 open_ = None
-            last_good = p
+            last_good = i
         elif p.broken and open_ is None:
+            good = points[last_good] if last_good is not None else None
             changed = {}
-            if last_good is not None:
+            if good is not None:
                 for field in ("vllm", "runai_model_streamer", "torch", "image_digest"):
-                    a, b = getattr(last_good, field), getattr(p, field)
+                    a, b = getattr(good, field), getattr(p, field)
                     if a != b:
                         changed[field] = (a, b)
+            hint_cell = p.cell_id if series and p.cell_id else cell_id
+            hints = []
+            if good is not None and hint_cell:
+                between = [matrix_image(q.image) for q in points[last_good + 1:i]] if last_good is not None else []
+                hints = bisect_hints(hint_cell, good, p, changed, by=by, between=between,
+                                     held=held.get(p.run_id) if held is not None else None)
             open_ = Regression(first_bad=p.run_id, verdict=p.verdict,
-                               last_good=last_good.run_id if last_good else None, changed=changed,
-                               bisect=bisect_hints(cell_id, last_good, p, changed) if last_good and cell_id else [])
+                               last_good=good.run_id if good else None, changed=changed, bisect=hints)
+            if series:
+                open_.first_bad_image, open_.last_good_image = p.image, good.image if good else None
+                open_.names.update({"first_bad": point_name(p, by),
+                                    **({"last_good": point_name(good, by)} if good else {})})
             out.append(open_)
     return out
 
@@ -326,17 +515,19 @@ def _cannot_be_slower(metric: str, a: list[float], b: list[float], limit: float)
 
 
 def slowdowns_across(points: list[CellPoint], window: int = DEFAULT_WINDOW,
-                     thresholds: dict[str, float] | None = None) -> list[Slowdown]:
-    """Each run (in start order) against the last `window` runs before it that passed and measured
-    the metric, per metric, by bench.core.perf.slowdown; only the runs it calls slower."""
+                     thresholds: dict[str, float] | None = None, by: str = "time") -> list[Slowdown]:
+    """Each point (in the points' order: start order unless `by` says otherwise) against the last
+    `window` points before it that passed and measured the metric, per metric, by
+    bench.core.perf.slowdown; only the points it calls slower."""
     out: list[Slowdown] = []
-    slower: set[tuple[str, str]] = set()  # (run id, metric) flagged: kept out of that metric's windows
+    slower: set[tuple[str, str, str]] = set()  # (run id, image, metric) flagged: kept out of that metric's windows
     for i, p in enumerate(points):
         for metric in METRICS:
             b = p.values.get(metric, [])
             if len(b) < MIN_RUNS:
                 continue  # the rule's "not enough repeats": nothing to flag
-            good = [q for q in points[:i] if q.good and q.values.get(metric) and (q.run_id, metric) not in slower]
+            good = [q for q in points[:i]
+                    if q.good and q.values.get(metric) and (q.run_id, q.image, metric) not in slower]
             good = good[-window:]
             a = [v for q in good for v in q.values[metric]]
             if len(a) < MIN_RUNS:
@@ -346,19 +537,27 @@ def slowdowns_across(points: list[CellPoint], window: int = DEFAULT_WINDOW,
                 continue
             check = slowdown(metric, a, b, limit)
             if check is not None and check.verdict == "slower":
-                slower.add((p.run_id, metric))
-                out.append(Slowdown(run_id=p.run_id, window=[q.run_id for q in good], check=check))
+                slower.add((p.run_id, p.image, metric))
+                found = Slowdown(run_id=p.run_id, window=[q.run_id for q in good], check=check)
+                if by != "time":
+                    found.image, found.window_images = p.image, [q.image for q in good]
+                    found.names = {"point": point_name(p, by), "first": point_name(good[0], by),
+                                   "last": point_name(good[-1], by)}
+                out.append(found)
     return out
 
 
 def cell_histories(
     runs: list[StoredRun], cells: list[StoredCell], fingerprints: list[StoredFingerprint], perf: list[StoredPerf],
     values: list[StoredRunValue] | None = None, window: int = DEFAULT_WINDOW,
-    thresholds: dict[str, float] | None = None,
+    thresholds: dict[str, float] | None = None, by: str = "time",
 ) -> list[CellHistory]:
     """Every cell across the runs given, cells in id order, each cell's runs by start time, with
     its breaks and its slowdowns against a window of `window` good runs (per metric, above its
-    threshold in `thresholds`, else its default)."""
+    threshold in `thresholds`, else its default). `by` image or vllm: every series (series_of)
+    instead, its points in that order (order_key)."""
+    if by not in ORDERS:
+        raise ValueError(f"by={by!r}: one of {', '.join(ORDERS)}")
     order = {r.run_id: (i, r) for i, r in enumerate(ordered(runs))}
     # A knob's cell runs its original image: one fingerprint for both.
     prints = {(f.run_id, f.image): f for f in fingerprints}
@@ -379,10 +578,27 @@ def cell_histories(
             verdict=c.verdict, failures=c.failures, runs=c.runs, interval=c.interval, reasons=c.reasons,
             signature=c.signature, perf=medians.get((c.run_id, c.cell_id), {}),
             values={k: [x for _, x in sorted(vs)] for k, vs in per_server.get((c.run_id, c.cell_id), {}).items()},
-            source=run.source, image_ref=fp.image_ref if fp else None,
+            source=run.source, image_ref=fp.image_ref if fp else None, cell_id=c.cell_id,
         ))
-    return [CellHistory(
-        cell_id=cid, points=points, regressions=regressions(points, cid),
-        slowdowns=slowdowns_across(points, window, thresholds),
-        too_few_runs=[p.run_id for p in points if p.values and max(map(len, p.values.values())) < MIN_RUNS],
-    ) for cid, points in by_cell.items()]
+    if by != "time":
+        series: dict[str, list[CellPoint]] = defaultdict(list)
+        for cid, points in by_cell.items():
+            series[series_of(cid)] += points
+        key = order_key(by)
+        by_cell = {sid: sorted(points, key=key) for sid, points in sorted(series.items())}
+    # The images each run's matrix held: its fingerprints' and its cells' (a knob's is its original's).
+    held: dict[str, set[str]] = defaultdict(set)
+    for f in fingerprints:
+        held[f.run_id].add(f.image)
+    for c in cells:
+        held[c.run_id].add(matrix_image(c.image))
+    histories = []
+    for cid, points in by_cell.items():
+        few = [p for p in points if p.values and max(map(len, p.values.values())) < MIN_RUNS]
+        histories.append(CellHistory(
+            cell_id=cid, points=points, regressions=regressions(points, cid, by, held),
+            slowdowns=slowdowns_across(points, window, thresholds, by),
+            too_few_runs=[p.run_id for p in few], too_few_images=[p.image for p in few] if by != "time" else None,
+            by=by,
+        ))
+    return histories

@@ -1,5 +1,6 @@
 """The console view of a cell's history (`regbench history`): one table per cell, a row per run
-in the order the runs started, then where it broke. Renders only."""
+in the order the runs started (or per point of a series, in the order --by names), then where it
+broke. Renders only."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
-from bench.core.history import CellHistory
+from bench.core.history import ORDER_TEXT, CellHistory
 from bench.core.perf import MIN_RUNS
 from bench.core.verdicts import Verdict
 
@@ -21,7 +22,9 @@ def _when(t: float) -> str:
 
 
 def history_table(h: CellHistory) -> Table:
-    t = Table(title=h.cell_id, title_justify="left")
+    # Time order is the view as it always was; another order is said in the title, the rows don't show it.
+    title = h.cell_id if h.by == "time" else f"{h.cell_id}, {ORDER_TEXT[h.by]}"
+    t = Table(title=escape(title), title_justify="left")
     for col in ("run", "started", "image", "vLLM", "streamer", "verdict", "fail/runs (failure rate)", "signature"):
         t.add_column(col, overflow="fold")
     for p in h.points:

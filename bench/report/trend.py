@@ -1,6 +1,7 @@
 """The history's trend page (`regbench history --html FILE`): one self-contained page, per cell its
 verdict in every run and, per performance metric, its median in every run, one point a run by
-start time; the breaks and the slowdowns marked. Pure: a `Trend` in, text out.
+start time (or, with --by image|vllm, one point per run and image of a series, evenly spaced in
+release order); the breaks and the slowdowns marked. Pure: a `Trend` in, text out.
 
 It is report.html's kin, made the same way: the same Jinja environment (autoescaped), stylesheet
 and script, inlined; the same element builder for the SVG (bench.report.svg.el), which escapes
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from markupsafe import Markup
 
-from bench.core.history import CellHistory, CellPoint
+from bench.core.history import ORDER_TEXT, CellHistory, CellPoint
 from bench.core.perf import METRICS, fmt
 from bench.core.records import Record
 from bench.core.verdicts import Verdict
@@ -34,6 +35,7 @@ class Trend(Record):
     thresholds: dict[str, float] | None = None
     cells: list[CellHistory]
     generated_at: float
+    by: str = "time"  # the order of each cell's points (bench.core.history.ORDERS)
 
 
 W, LEFT, RIGHT = 760, 72, 24
@@ -48,30 +50,56 @@ def _f(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _key(p: CellPoint) -> tuple[str, str]:
+    # A run holds one point per image of a series: the run id alone does not name a point.
+    return (p.run_id, p.image)
+
+
 @dataclass(frozen=True)
 class Axis:
-    """Start time to x, shared by a cell's plots so that one run sits at one x in each."""
+    """A point to x, shared by a cell's plots so that one point sits at one x in each: by start
+    time in time order; out of it, by rank, since releases have no distance between them."""
 
     t0: float
     t1: float
+    ranks: dict[tuple[str, str], int] | None = None  # out of time order: each point's place
+    first: str = ""  # the axis's end labels out of time order
+    last: str = ""
 
-    def x(self, t: float) -> float:
+    def at(self, t: float) -> float:
         if self.t1 <= self.t0:
             return LEFT + (W - LEFT - RIGHT) / 2
         return LEFT + (W - LEFT - RIGHT) * (t - self.t0) / (self.t1 - self.t0)
 
+    def x(self, p: CellPoint) -> float:
+        return self.at(self.ranks[_key(p)] if self.ranks is not None else p.started_at)
+
+    def labels(self) -> tuple[str, str]:
+        if self.ranks is not None:
+            return self.first, self.last
+        return _when(self.t0), _when(self.t1)
+
 
 def _axis(h: CellHistory) -> Axis:
+    if h.by != "time":
+        ranks = {_key(p): i for i, p in enumerate(h.points)}
+        ends = [_short(h.points[0], h.by), _short(h.points[-1], h.by)] if h.points else ["", ""]
+        return Axis(0.0, float(max(len(h.points) - 1, 0)), ranks, *ends)
     times = [p.started_at for p in h.points]
     return Axis(min(times, default=0.0), max(times, default=0.0))
+
+
+def _short(p: CellPoint, by: str) -> str:
+    """An axis end out of time order: what the order is by."""
+    return f"vLLM {p.vllm or '?'}" if by == "vllm" else p.image
 
 
 def _frame(title: str, height: int, axis: Axis, marks: list[Markup], *, cls: str, y_labels: list[Markup]) -> Markup:
     parts = [el("text", title, x=6, y=14, class_="pt"),
              el("line", x1=LEFT, y1=height - BOTTOM, x2=W - RIGHT, y2=height - BOTTOM, class_="axis"),
              *y_labels,
-             el("text", _when(axis.t0), x=LEFT, y=height - 5, class_="xl"),
-             *([el("text", _when(axis.t1), x=W - RIGHT, y=height - 5, class_="xl end")] if axis.t1 > axis.t0 else []),
+             el("text", axis.labels()[0], x=LEFT, y=height - 5, class_="xl"),
+             *([el("text", axis.labels()[1], x=W - RIGHT, y=height - 5, class_="xl end")] if axis.t1 > axis.t0 else []),
              *marks]
     return el("svg", *parts, class_=f"plot {cls}", viewBox=f"0 0 {W} {height}", width=W, height=height, role="img",
               aria_label=title)
@@ -79,33 +107,42 @@ def _frame(title: str, height: int, axis: Axis, marks: list[Markup], *, cls: str
 
 def _break_marks(h: CellHistory, axis: Axis, height: int) -> list[Markup]:
     """A dashed red line where the cell broke, a green one where it passed again."""
-    at = {p.run_id: p for p in h.points}
+    at = {_key(p): p for p in h.points}
+    image = h.points[0].image if h.points else ""  # in time order every point's
     marks = []
     for r in h.regressions:
-        x = _f(axis.x(at[r.first_bad].started_at))
-        marks.append(el("line", el("title", f"broke in {r.first_bad}: {r.text()}"), x1=x, x2=x, y1=TOP - 6,
-                        y2=height - BOTTOM, class_="break", data_run=r.first_bad))
+        bad = at[(r.first_bad, r.first_bad_image or image)]
+        x = _f(axis.x(bad))
+        marks.append(el("line", el("title", f"broke in {h.name(bad)}: {r.text()}"), x1=x, x2=x, y1=TOP - 6,
+                        y2=height - BOTTOM, class_="break", data_run=r.first_bad, **_image_attr(h, bad)))
         if r.fixed_in is not None:
-            x = _f(axis.x(at[r.fixed_in].started_at))
-            marks.append(el("line", el("title", f"passes again from {r.fixed_in}"), x1=x, x2=x, y1=TOP - 6,
-                            y2=height - BOTTOM, class_="fixed", data_run=r.fixed_in))
+            fixed = at[(r.fixed_in, r.fixed_in_image or image)]
+            x = _f(axis.x(fixed))
+            marks.append(el("line", el("title", f"passes again from {h.name(fixed)}"), x1=x, x2=x, y1=TOP - 6,
+                            y2=height - BOTTOM, class_="fixed", data_run=r.fixed_in, **_image_attr(h, fixed)))
     return marks
 
 
-def _describe(p: CellPoint) -> str:
+def _image_attr(h: CellHistory, p: CellPoint) -> dict[str, str]:
+    """Out of time order a mark names its point's image beside its run (data-image)."""
+    return {"data_image": p.image} if h.by != "time" else {}
+
+
+def _describe(p: CellPoint, by: str = "time") -> str:
     versions = ", ".join(f"{k} {v}" for k, v in (("vLLM", p.vllm), ("streamer", p.runai_model_streamer),
                                                   ("torch", p.torch)) if v)
-    return f"{p.run_id} · {_when(p.started_at)} · {LABEL[p.verdict]} {p.rate()}" + (f" · {versions}" if versions else "")
+    run = p.run_id if by == "time" else f"image {p.image} · run {p.run_id}"
+    return f"{run} · {_when(p.started_at)} · {LABEL[p.verdict]} {p.rate()}" + (f" · {versions}" if versions else "")
 
 
 def verdict_plot(h: CellHistory) -> Markup:
     """One dot per run, coloured by the cell's verdict in it."""
     axis = _axis(h)
     y = _f(TOP + (VERDICT_H - TOP - BOTTOM) / 2)
-    dots = [el("circle", el("title", _describe(p)), cx=_f(axis.x(p.started_at)), cy=y, r=5,
-               class_=f"v v-{CLASS[p.verdict]}", data_run=p.run_id) for p in h.points]
-    return _frame("verdict per run", VERDICT_H, axis, [*_break_marks(h, axis, VERDICT_H), *dots], cls="verdicts",
-                  y_labels=[])
+    dots = [el("circle", el("title", _describe(p, h.by)), cx=_f(axis.x(p)), cy=y, r=5,
+               class_=f"v v-{CLASS[p.verdict]}", data_run=p.run_id, **_image_attr(h, p)) for p in h.points]
+    title = "verdict per run" if h.by == "time" else "verdict per run and image"
+    return _frame(title, VERDICT_H, axis, [*_break_marks(h, axis, VERDICT_H), *dots], cls="verdicts", y_labels=[])
 
 
 def metric_plot(h: CellHistory, metric: str) -> Markup:
@@ -113,13 +150,14 @@ def metric_plot(h: CellHistory, metric: str) -> Markup:
     run, joined by a line; a run flagged slower than its window is ringed."""
     m = METRICS[metric]
     axis = _axis(h)
-    slow = {s.run_id: s for s in h.slowdowns if s.check.metric == metric}
+    image = h.points[0].image if h.points else ""
+    slow = {(s.run_id, s.image or image): s for s in h.slowdowns if s.check.metric == metric}
     points = [(p, p.perf[metric]) for p in h.points if metric in p.perf]
     vmax = max((v for _, v in points), default=0.0) or 1.0
     scale = (METRIC_H - TOP - BOTTOM) / vmax
 
     def xy(p: CellPoint, v: float) -> tuple[str, str]:
-        return _f(axis.x(p.started_at)), _f(METRIC_H - BOTTOM - v * scale)
+        return _f(axis.x(p)), _f(METRIC_H - BOTTOM - v * scale)
 
     marks = _break_marks(h, axis, METRIC_H)
     if len(points) > 1:
@@ -127,16 +165,20 @@ def metric_plot(h: CellHistory, metric: str) -> Markup:
     for p, v in points:
         x, y = xy(p, v)
         servers = len(p.values.get(metric, [])) or None
-        title = f"{p.run_id} · {_when(p.started_at)}: median {fmt(v, m.unit)}" + (
+        run = p.run_id if h.by == "time" else f"image {p.image} · run {p.run_id}"
+        title = f"{run} · {_when(p.started_at)}: median {fmt(v, m.unit)}" + (
             f" over {servers} fresh servers" if servers else "")
-        if p.run_id in slow:
-            title += f" · {slow[p.run_id].check.text()}"
+        flagged = slow.get(_key(p))
+        if flagged is not None:
+            title += f" · {flagged.check.text()}"
             marks.append(el("circle", cx=x, cy=y, r=8, class_="ring"))
         marks.append(el("circle", el("title", title), cx=x, cy=y, r=4,
-                        class_=f"m v-{CLASS[p.verdict]}" + (" slow" if p.run_id in slow else ""), data_run=p.run_id))
+                        class_=f"m v-{CLASS[p.verdict]}" + (" slow" if flagged is not None else ""), data_run=p.run_id,
+                        **_image_attr(h, p)))
     y_labels = [el("text", fmt(vmax, m.unit), x=LEFT - 4, y=TOP + 4, class_="yl"),
                 el("text", "0", x=LEFT - 4, y=METRIC_H - BOTTOM, class_="yl")]
-    return _frame(f"{m.label} ({m.unit}): median per run", METRIC_H, axis, marks, cls="metric",
+    per = "run" if h.by == "time" else "run and image"
+    return _frame(f"{m.label} ({m.unit}): median per {per}", METRIC_H, axis, marks, cls="metric",
                   y_labels=y_labels)
 
 
@@ -154,6 +196,7 @@ def render_trend(trend: Trend) -> str:
     page = TEMPLATES.get_template("trend.html.j2").render(
         t=trend, css=PAGE_CSS, js=PAGE_JS, when=_when, verdict_plot=verdict_plot, metric_plot=metric_plot,
         metrics_of=metrics_of, is_open=_open, CLASS=CLASS, LABEL=LABEL, MEANING=MEANING, Verdict=Verdict, METRICS=METRICS,
+        order=ORDER_TEXT[trend.by],
         runs=len({p.run_id for h in trend.cells for p in h.points}),
         breaks=sum(len(h.regressions) for h in trend.cells), slowed=sum(len(h.slowdowns) for h in trend.cells))
     return tidy_html(page) + "\n"

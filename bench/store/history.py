@@ -26,7 +26,7 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +68,7 @@ from bench.core.history import (
     StoredRunValue,
     cell_histories,
     entry_of,
+    series_of,
 )
 from bench.core.judge import judge
 from bench.store.evidence import diagnose_results
@@ -321,10 +322,12 @@ class History:
             rows = conn.execute(select(*(RUNS.c[k] for k in StoredRun.model_fields))).mappings().all()
         return [StoredRun(**r) for r in rows]
 
-    def cells(self, cell_id: str | None = None) -> list[StoredCell]:
+    def cells(self, cell_id: str | None = None, cell_ids: Iterable[str] | None = None) -> list[StoredCell]:
         q = select(CELLS)
         if cell_id is not None:
             q = q.where(CELLS.c.cell_id == cell_id)
+        if cell_ids is not None:
+            q = q.where(CELLS.c.cell_id.in_(list(cell_ids)))
         with self._transaction("read it") as conn:
             rows = conn.execute(q).mappings().all()
         return [_stored_cell(r) for r in rows]
@@ -338,26 +341,37 @@ class History:
             rows = conn.execute(select(FINGERPRINTS)).mappings().all()
         return [StoredFingerprint(**r) for r in rows]
 
-    def perf(self, cell_id: str | None = None) -> list[StoredPerf]:
+    def perf(self, cell_id: str | None = None, cell_ids: Iterable[str] | None = None) -> list[StoredPerf]:
         q = select(PERF)
         if cell_id is not None:
             q = q.where(PERF.c.cell_id == cell_id)
+        if cell_ids is not None:
+            q = q.where(PERF.c.cell_id.in_(list(cell_ids)))
         with self._transaction("read it") as conn:
             rows = conn.execute(q).mappings().all()
         return [StoredPerf(**r) for r in rows]
 
-    def run_values(self, cell_id: str | None = None) -> list[StoredRunValue]:
+    def run_values(self, cell_id: str | None = None, cell_ids: Iterable[str] | None = None) -> list[StoredRunValue]:
         q = select(PERF_RUNS)
         if cell_id is not None:
             q = q.where(PERF_RUNS.c.cell_id == cell_id)
+        if cell_ids is not None:
+            q = q.where(PERF_RUNS.c.cell_id.in_(list(cell_ids)))
         with self._transaction("read it") as conn:
             rows = conn.execute(q).mappings().all()
         return [StoredRunValue(**r) for r in rows]
 
     def histories(self, cell_id: str | None = None, window: int = DEFAULT_WINDOW,
-                  thresholds: dict[str, float] | None = None) -> list[CellHistory]:
+                  thresholds: dict[str, float] | None = None, by: str = "time") -> list[CellHistory]:
+        """Every cell's history, or `cell_id`'s; out of time order (`by`) every series', or the
+        series `cell_id` names (itself, or any cell of it)."""
+        if by != "time" and cell_id is not None:
+            series = series_of(cell_id)
+            ids = [c for c in self.cell_ids() if series_of(c) == series]
+            return cell_histories(self.runs(), self.cells(cell_ids=ids), self.fingerprints(),
+                                  self.perf(cell_ids=ids), self.run_values(cell_ids=ids), window, thresholds, by)
         return cell_histories(self.runs(), self.cells(cell_id), self.fingerprints(), self.perf(cell_id),
-                              self.run_values(cell_id), window, thresholds)
+                              self.run_values(cell_id), window, thresholds, by)
 
 
 def _cell_row(c: StoredCell) -> dict:
