@@ -142,7 +142,8 @@ class CellProbe:
         only = CellFilter(model=self.cell.model.name, load_format=self.cell.load_format.name,
                           platform=self.cell.platform, image=image.name)
         return self.config.model_copy(update={
-            "images": [image], "include": [only], "exclude": [], "baseline": None,
+            # No invariance knobs: a probe is the one cell, and its outcome that cell's alone.
+            "images": [image], "include": [only], "exclude": [], "baseline": None, "invariance": [],
             "repeats": plan.repeats, "detect": None, "early_stop": False,
         })
 
@@ -271,4 +272,10 @@ def find_cell(config: Config, cell_id: str) -> Cell:
     cells = {c.id: c for c in expand(config)}
     if cell_id not in cells:
         raise VersionsError(f"--cell: no cell {cell_id!r} in {config.name}; `regbench plan` lists them")
-    return cells[cell_id]
+    cell = cells[cell_id]
+    if cell.knob is not None:
+        # Its verdict is a comparison with another cell's servers: no one-cell probe can settle it.
+        raise VersionsError(f"--cell {cell_id}: an invariance knob's cell is judged against {cell.baseline_id}, "
+                            "so a probe of it alone settles nothing; bisect that cell, or run the matrix "
+                            "once per version and compare")
+    return cell

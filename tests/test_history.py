@@ -775,3 +775,28 @@ def test_a_finished_run_records_itself_and_a_slice_waits_for_its_merge(tmp_path)
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert '"first"' in shown.stdout and '"quiet"' not in shown.stdout and '"slice"' not in shown.stdout
+
+
+def test_a_bisect_probe_is_its_one_cell_and_a_knobs_cell_is_refused_by_name(tmp_path):
+    """What the printed bisect commands run on: a matrix with an invariance block probes the cell
+    alone (no knob cells beside it, whose verdicts would be taken for the cell's); a knob's cell,
+    judged against another cell, is refused naming that cell, and the history prints it no bisect."""
+    from bench.core.config import parse_config
+    from bench.core.history import bisect_hints
+    from bench.core.versionmap import Plan
+    from bench.versions import CellProbe, VersionsError, find_cell
+
+    spec = synth.matrix(images=("img",))
+    spec.update(invariance={"knobs": ["serial"], "cells": [{"load_format": "runai_streamer"}]})
+    config = parse_config(spec)
+    cell = find_cell(config, STREAMER_CELL)
+    probe = CellProbe(config=config, cell=cell, axis="image", cache=tmp_path)
+    probed = expand(probe.probe_config(config.images[0], Plan(rate=0.8, confidence=0.95)))
+    assert [c.id for c in probed] == [STREAMER_CELL]
+    with pytest.raises(VersionsError, match=rf"judged against {STREAMER_CELL}"):
+        find_cell(config, f"{STREAMER_CELL}+serial")
+    good = point("g", Verdict.PASS, "0.17.0")
+    bad = point("b", Verdict.FAIL, "0.16.0").model_copy(update={"source": str(tmp_path / "b")})
+    changed = {"runai_model_streamer": ("0.17.0", "0.16.0")}
+    assert bisect_hints(f"{STREAMER_CELL}+serial", good, bad, changed) == []
+    assert bisect_hints(STREAMER_CELL, good, bad, changed) != []

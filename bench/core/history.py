@@ -261,6 +261,8 @@ def bisect_hints(cell_id: str, good: CellPoint, bad: CellPoint,
     `bisect --images` narrows: the hint names the two images as its ends, with `between` (the
     images of the series between them in that order) inside. It runs as printed where the first
     bad run's matrix holds every one of them (`held`: that run's images; None: not known)."""
+    if KNOB_SEP in cell_id:
+        return []  # a knob's cell is judged against another cell: bisect probes one cell alone
     out = []
     streamer = changed.get("runai_model_streamer")
     local = good.image_ref is None and bad.image_ref is None
