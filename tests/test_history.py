@@ -178,6 +178,9 @@ def test_history_names_the_first_failing_run_and_the_last_good_one(db, tmp_path,
         "first_bad": "a-nightly-2", "verdict": "fail", "last_good": "c-nightly-1", "fixed_in": "b-nightly-3",
         "changed": {"runai_model_streamer": ["0.17.0", "0.16.0"]},
         "bisect": [{"change": "runai_model_streamer 0.17.0 → 0.16.0", "command": command, "needs": None}],
+        # Two passing starts allow up to 66 %; two failing ones show at least 34 %: neither side settles.
+        "good_starts": 2, "bad_failures": 2, "bad_starts": 2, "fixed_starts": 2,
+        "good_rules_out": False, "fix_rules_out": False,
     }]
     assert cells[BASELINE_CELL]["regressions"] == []
 
@@ -226,7 +229,8 @@ def test_a_cell_failing_from_its_first_run_has_no_last_good_run(db, tmp_path, ca
     (cell,) = json.loads(out)["cells"]
     assert [p["verdict"] for p in cell["points"]] == ["fail", "flaky"]
     assert cell["regressions"] == [{"first_bad": "run-1", "verdict": "fail", "last_good": None, "fixed_in": None,
-                                    "changed": {}, "bisect": []}]
+                                    "changed": {}, "bisect": [], "good_starts": 0, "bad_failures": 3, "bad_starts": 4,
+                                    "fixed_starts": 0, "good_rules_out": None, "fix_rules_out": None}]
     rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL)
     assert "first FAIL in run-1, no good run before it in the history" in " ".join(out.split())
 
@@ -459,6 +463,9 @@ def test_by_image_and_by_vllm_name_the_release_that_broke_the_cell(db, tmp_path,
         "changed": {"vllm": ["0.31.0", "0.32.0"]},
         "bisect": [{"change": "image vllm-0.31.0 → vllm-0.32.0, vllm 0.31.0 → 0.32.0", "command": command,
                     "needs": None}],
+        # The stretches in release order: three releases passing twice each, one failing twice.
+        "good_starts": 6, "bad_failures": 2, "bad_starts": 2, "fixed_starts": 2,
+        "good_rules_out": False, "fix_rules_out": False,
     }]
     assert cells["m__safetensors__cpu__*"]["regressions"] == []
 
@@ -510,7 +517,8 @@ def test_by_time_is_the_view_it_always_was(db, tmp_path, capsys):
     assert [p["run_id"] for p in bad["points"]] == ["rel-1", "rel-2"]
     assert "cell_id" not in bad["points"][0] and "too_few_images" not in bad
     assert bad["regressions"] == [{"first_bad": "rel-1", "verdict": "fail", "last_good": None, "fixed_in": "rel-2",
-                                   "changed": {}, "bisect": []}]
+                                   "changed": {}, "bisect": [], "good_starts": 0, "bad_failures": 2, "bad_starts": 2,
+                                   "fixed_starts": 2, "good_rules_out": None, "fix_rules_out": False}]
 
 
 def test_by_needs_a_known_order_and_cell_takes_a_series_or_any_of_its_cells(db, tmp_path, capsys):
@@ -604,7 +612,8 @@ def test_an_images_bisect_runs_as_printed_only_where_the_bad_runs_matrix_holds_b
     assert [h.change for h in r.bisect] == ["runai_model_streamer 0.17.0 → 0.16.0"]
     assert r.bisect[0].command.startswith("regbench bisect --config /r/2/config.yaml --cell m__runai_streamer__cpu__v-0.32.0 ")
     assert r.text() == ("first FAIL in vLLM 0.32.0 (image v-0.32.0, run 2), last good vLLM 0.32.0 (image v-0.32.0, run 1); "
-                        "changed: runai_model_streamer 0.17.0 → 0.16.0; not passing since")
+                        "changed: runai_model_streamer 0.17.0 → 0.16.0; not passing since (broken: 0/2 fresh starts "
+                        "failed (0–66 %); before: 2 passing fresh start(s) (0–66 %), too few to rule it out)")
 
 
 def test_the_schema_version_is_recorded_and_reopening_does_not_migrate_again(db):
@@ -800,3 +809,30 @@ def test_a_bisect_probe_is_its_one_cell_and_a_knobs_cell_is_refused_by_name(tmp_
     changed = {"runai_model_streamer": ("0.17.0", "0.16.0")}
     assert bisect_hints(f"{STREAMER_CELL}+serial", good, bad, changed) == []
     assert bisect_hints(STREAMER_CELL, good, bad, changed) != []
+
+
+def test_a_break_says_whether_the_passes_around_it_rule_its_failure_rate_out():
+    """Flaky-aware: a break is read with the intervals of its stretches, not one run each. Twenty
+    passing starts before a run failing 5 of 5 rule its rate out (0–16 % against 68–100 %); two
+    passing starts do not rule out a flaky 1 in 8 (0–66 % against 2–47 %); runs that did not run
+    count for no stretch."""
+    def at(run_id: str, verdict: Verdict, failures: int, runs: int) -> CellPoint:
+        return point(run_id, verdict).model_copy(update={"failures": failures, "runs": runs})
+
+    [solid] = regressions([at("1", Verdict.PASS, 0, 10), at("2", Verdict.NOT_RUN, 0, 0), at("3", Verdict.PASS, 0, 10),
+                           at("4", Verdict.FAIL, 5, 5), at("5", Verdict.FAIL, 3, 3), at("6", Verdict.PASS, 0, 10)])
+    assert (solid.good_starts, solid.bad_failures, solid.bad_starts, solid.fixed_starts) == (20, 8, 8, 10)
+    assert solid.good_rules_out is True and solid.fix_rules_out is True
+    assert "broken: 8/8 fresh starts failed (68–100 %); before: 20 passing fresh start(s) (0–16 %), rule that " \
+           "rate out; since the fix: 10 passing fresh start(s) (0–28 %), rule that rate out" in solid.text()
+
+    first, second = regressions([at("1", Verdict.PASS, 0, 2), at("2", Verdict.FLAKY, 1, 8), at("3", Verdict.PASS, 0, 2),
+                                 at("4", Verdict.FLAKY, 2, 8)])
+    assert (first.good_starts, first.bad_failures, first.bad_starts, first.fixed_starts) == (2, 1, 8, 2)
+    assert first.good_rules_out is False and first.fix_rules_out is False
+    assert "too few to rule it out" in first.text()
+    # The second break: the short passing stretch between them is all it has before it.
+    assert (second.good_starts, second.bad_failures, second.bad_starts, second.fixed_in) == (2, 2, 8, None)
+    assert second.fix_rules_out is None and "since the fix" not in second.text()
+    [never] = regressions([at("1", Verdict.FAIL, 2, 2)])
+    assert never.good_rules_out is None and "before:" not in never.text()

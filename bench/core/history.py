@@ -39,13 +39,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from packaging.version import InvalidVersion, Version
-from pydantic import Field
+from pydantic import Field, computed_field
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.matrix import KNOB_SEP, matrix_image
 from bench.core.perf import METRICS, MIN_RUNS, SlowdownCheck, run_values, slowdown
 from bench.core.records import Fingerprint, Record, RequestRecord, RunRecord, Summary
-from bench.core.stats import percent_range
+from bench.core.stats import percent_range, wilson_interval
 from bench.core.verdicts import Verdict
 
 # What a history row keeps of a fingerprint: what tells one nightly's software from another's.
@@ -227,6 +227,52 @@ class Regression(Record):
     fixed_in_image: str | None = None
     # How text() names each point ("first_bad", "last_good", "fixed_in"), where not by its run id.
     names: dict[str, str] = Field(default_factory=dict, exclude=True)
+    # Flaky-aware: one passing run of a cell that fails one start in five proves little. The fresh
+    # starts of the passing stretch before the break (runs back to the previous break), those of
+    # the broken stretch (first bad up to the fix) with their failures, and of the passing stretch
+    # from the fix on; see `evidence`.
+    good_starts: int = 0
+    bad_failures: int = 0
+    bad_starts: int = 0
+    fixed_starts: int = 0
+
+    @property
+    def broken_rate(self) -> tuple[float, float]:
+        """The Wilson 95 % interval of the failure rate over the broken stretch."""
+        return wilson_interval(self.bad_failures, self.bad_starts)
+
+    def rules_out(self, starts: int) -> bool:
+        """Whether `starts` fresh starts without a failure rule out the broken stretch's rate: the
+        highest rate they allow lies below the lowest the broken stretch allows."""
+        return starts > 0 and wilson_interval(0, starts)[1] < self.broken_rate[0]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def good_rules_out(self) -> bool | None:
+        """None: no passing run before the break."""
+        return self.rules_out(self.good_starts) if self.last_good is not None else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def fix_rules_out(self) -> bool | None:
+        """None: not passing since."""
+        return self.rules_out(self.fixed_starts) if self.fixed_in is not None else None
+
+    def evidence(self) -> str:
+        low, high = self.broken_rate
+        rate = f"{self.bad_failures}/{self.bad_starts} fresh starts failed ({percent_range(low, high)})"
+
+        def passes(what: str, starts: int, holds: bool | None) -> str:
+            allows = percent_range(*wilson_interval(0, starts))
+            verdict = "rule that rate out" if holds else "too few to rule it out"
+            return f"{what}: {starts} passing fresh start(s) ({allows}), {verdict}"
+
+        parts = [f"broken: {rate}"]
+        if self.last_good is not None:
+            parts.append(passes("before", self.good_starts, self.good_rules_out))
+        if self.fixed_in is not None:
+            parts.append(passes("since the fix", self.fixed_starts, self.fix_rules_out))
+        return "; ".join(parts)
 
     def text(self) -> str:
         def name(key: str, run_id: str) -> str:
@@ -236,7 +282,8 @@ class Regression(Record):
                   else "no good run before it in the history")
         changes = "; changed: " + ", ".join(f"{k} {a} → {b}" for k, (a, b) in self.changed.items()) if self.changed else ""
         fixed = f"; passes again from {name('fixed_in', self.fixed_in)}" if self.fixed_in else "; not passing since"
-        return f"first {self.verdict.value.upper()} in {name('first_bad', self.first_bad)}, {before}{changes}{fixed}"
+        return (f"first {self.verdict.value.upper()} in {name('first_bad', self.first_bad)}, {before}{changes}{fixed}"
+                + (f" ({self.evidence()})" if self.bad_starts else ""))
 
 
 def _version_range(a: str, b: str) -> str:
@@ -503,7 +550,35 @@ def regressions(points: list[CellPoint], cell_id: str = "", by: str = "time",
                 open_.names.update({"first_bad": point_name(p, by),
                                     **({"last_good": point_name(good, by)} if good else {})})
             out.append(open_)
+    _count_starts(points, out)
     return out
+
+
+def _count_starts(points: list[CellPoint], breaks: list[Regression]) -> None:
+    """Each break's fresh starts, by stretch (Regression.good_starts and after). A stretch ends at
+    a point of the other kind; a point that did not run belongs to none."""
+    bounds: list[list] = []  # [index of the first bad point, index of the fix or None], as regressions() walks
+    for i, p in enumerate(points):
+        is_open = bool(bounds) and bounds[-1][1] is None
+        if p.good and is_open:
+            bounds[-1][1] = i
+        elif p.broken and not is_open:
+            bounds.append([i, None])
+    for r, (start, fix) in zip(breaks, bounds, strict=True):
+        k = start - 1
+        while k >= 0 and not points[k].broken:
+            r.good_starts += points[k].runs if points[k].good else 0
+            k -= 1
+        end = fix if fix is not None else len(points)
+        for q in points[start:end]:
+            if q.broken:
+                r.bad_failures += q.failures
+                r.bad_starts += q.runs
+        if fix is not None:
+            k = fix
+            while k < len(points) and not points[k].broken:
+                r.fixed_starts += points[k].runs if points[k].good else 0
+                k += 1
 
 
 def _cannot_be_slower(metric: str, a: list[float], b: list[float], limit: float) -> bool:
