@@ -13,7 +13,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 
-from .support import wait_until
+from .support import free_port, wait_until
 
 SUPERUSER = "regbench"
 
@@ -34,12 +33,6 @@ def binaries() -> Path | None:
         return Path(found[-1]).parent
     on_path = shutil.which("initdb")
     return Path(on_path).parent if on_path else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PgServer:
@@ -88,7 +81,7 @@ def pg_server(bin_dir: Path) -> Iterator[PgServer]:
     data, log = folder / "data", folder / "server.log"
     if user is not None:
         os.chown(folder, user.pw_uid, user.pw_gid)
-    port = _free_port()
+    port = free_port()
     server = PgServer(port, folder)
     pg_ctl = str(bin_dir / "pg_ctl")
     started = False

@@ -7,7 +7,6 @@ so the tests can check that it reaches no file the bench writes.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config as BotoConfig
 
-from .support import wait_until
+from .support import free_port, wait_until
 
 MOTO = Path(sys.executable).with_name("moto_server")
 ACCESS_KEY = "regbench-test-key-id"
@@ -61,16 +60,10 @@ class S3Server:
             return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def s3_server(log: Path) -> Iterator[S3Server]:
     """moto_server on a free loopback port until the block ends; fails the test if it never answers."""
-    port = _free_port()
+    port = free_port()
     with log.open("wb") as out:
         process = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)], stdout=out,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -10,10 +10,13 @@ import math
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -235,6 +238,46 @@ def only_cell(run_dir: Path) -> CellSummary | None:
 def reasons(cell: CellSummary | None) -> str:
     """A cell's failure reasons as the fault table shows them."""
     return ", ".join(sorted(cell.reasons)) if cell is not None else "(no summary)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """The server and every process it started: SIGTERM, then SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # The engine's processes are in the group too: gone with it, or killed on the next turn.
+        if not group_alive(process.pid):
+            return
+        time.sleep(1)
+    assert not group_alive(process.pid), f"processes of group {process.pid} outlived SIGKILL"
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:

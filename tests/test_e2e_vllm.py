@@ -8,13 +8,28 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.records import PreflightRecord, RequestRecord, RunRecord, Summary
 
-from .support import SMOKE, one_cell_config, processes_labelled, regbench
+from .support import (
+    ROOT,
+    SMOKE,
+    answers,
+    free_port,
+    one_cell_config,
+    processes_labelled,
+    regbench,
+    stop_group,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -168,3 +183,77 @@ def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
     here = Summary.model_validate_json((results / "r" / "summary.json").read_text()).cells
     assert {c.cell_id: c.verdict for c in here} == {c.cell_id: whole[c.cell_id] for c in here}
     assert processes_labelled(results) == []
+
+
+def _block_after(text: str, heading: str) -> str:
+    """The first fenced block after a line containing `heading`."""
+    rest = text[text.index(heading):]
+    return re.search(r"```\w*\n(.*?)\n```", rest, re.S)[1]
+
+
+def test_the_bug_report_of_the_smoke_run_reproduces_the_empty_completions(smoke_run, tmp_path):
+    """`regbench report-bug` on the smoke run's failing cell; then its reproduction run as written,
+    by a shell: the audit exits 1, and the bare `vllm serve` command with the `curl` request
+    answers HTTP 200 with 128 tokens of empty text: #38991 without regbench in between. Only the
+    port is changed, to one free now (the run's may be another test's server by then)."""
+    _, _, run_dir = smoke_run
+    p = regbench("report-bug", str(run_dir), "--cell", STREAMER_BUG)
+    output, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, output
+    text = (run_dir / f"bug-{STREAMER_BUG}.md").read_text()
+    assert "runai-model-streamer 0.16.0" in text.splitlines()[2]
+    assert "2/2 runs failed (failure rate 34–100 %, Wilson 95 % interval)" in text
+    assert "differs from baseline at token 0" in text and "stopped at 0/21" in text
+    # vLLM's collect_env, run in the cell's image (the venv with the streamer overlay).
+    env = _block_after(text, "### Your current environment")
+    assert "runai-model-streamer : 0.16.0" in env
+    assert "PyTorch version" in text and re.search(r"vLLM Version\s*: 0\.32\.0", text), text[:3000]
+
+    audit = shlex.split(_block_after(text, "Without a server"))
+    assert audit[:2] == ["regbench", "audit"]
+    done = subprocess.run([sys.executable, "-m", "bench", *audit[1:]], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0/21 tensors delivered" in done.stdout + done.stderr
+
+    port = free_port()
+    serve = re.sub(r"--port \d+", f"--port {port}", _block_after(text, "The server exactly as"))
+    curl = re.sub(r"http://127\.0\.0\.1:\d+/", f"http://127.0.0.1:{port}/", _block_after(text, "One request of"))
+    assert serve != _block_after(text, "The server exactly as") and "--load-format runai_streamer" in serve
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(["bash", "-c", serve], stdout=log, stderr=subprocess.STDOUT,
+                              cwd=tmp_path, start_new_session=True)
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), 600, "the report's vllm serve to answer /health",
+                   poll=1.0, process=server)
+        # Straight to the server, whatever proxy the machine's environment names.
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        done = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=300, check=False, env=env)
+        assert done.returncode == 0, done.stderr
+        answer = json.loads(done.stdout)
+    finally:
+        stop_group(server)
+        log.close()
+    choice = answer["choices"][0]
+    assert answer["usage"]["completion_tokens"] == 128
+    assert (choice.get("text") if "text" in choice else choice["message"]["content"]) in ("", None), choice
+    assert len(set(choice["token_ids"])) == 1  # one id, 128 times, that decodes to nothing
+
+    # The one-cell matrix holds the cell and its baseline, as `regbench run` would load it.
+    from bench.core.matrix import expand
+    from bench.store.matrixfile import load_config
+
+    cells = {c.id: c for c in expand(load_config(run_dir / f"bug-{STREAMER_BUG}.yaml"))}
+    assert set(cells) == {STREAMER_BUG, "tiny-canary__safetensors__cpu__streamer-0.16.0"}
+
+
+def test_the_smoke_run_recorded_itself_in_the_history(smoke_run):
+    _, _, run_dir = smoke_run
+    p = regbench("history", "--results", str(run_dir.parent), "--cell", STREAMER_BUG, "--json")
+    output, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, output
+    [cell] = json.loads(output)["cells"]
+    [point] = cell["points"]
+    assert (point["run_id"], point["verdict"], point["failures"], point["runs"]) == ("smoke", "fail", 2, 2)
+    assert point["signature"] == "runai-empty-shard-stream-stop" and point["runai_model_streamer"] == "0.16.0"
+    assert [(r["first_bad"], r["last_good"]) for r in cell["regressions"]] == [("smoke", None)]
