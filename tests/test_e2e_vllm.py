@@ -217,9 +217,11 @@ def test_the_bug_report_of_the_smoke_run_reproduces_the_empty_completions(smoke_
     assert "0/21 tensors delivered" in done.stdout + done.stderr
 
     port = free_port()
-    serve = re.sub(r"--port \d+", f"--port {port}", _block_after(text, "The server exactly as"))
-    curl = re.sub(r"http://127\.0\.0\.1:\d+/", f"http://127.0.0.1:{port}/", _block_after(text, "One request of"))
-    assert serve != _block_after(text, "The server exactly as") and "--load-format runai_streamer" in serve
+    written = _block_after(text, "The server exactly as")
+    was = re.search(r"--port (\d+)", written)[1]
+    serve = written.replace(f"--port {was}", f"--port {port}")
+    curl = _block_after(text, "One request of").replace(f":{was}/", f":{port}/")
+    assert f":{port}/" in curl and "--load-format runai_streamer" in serve
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(["bash", "-c", serve], stdout=log, stderr=subprocess.STDOUT,
                               cwd=tmp_path, start_new_session=True)

@@ -697,9 +697,9 @@ def test_a_run_is_stored_whole_or_not_at_all(db, tmp_path):
 
 
 def test_an_unreachable_database_is_a_usage_error(capsys):
-    from .pgserver import _free_port
+    from .support import free_port
 
-    rc, _, err = cli(capsys, "history", "--history", f"postgresql+psycopg://nobody@127.0.0.1:{_free_port()}/x")
+    rc, _, err = cli(capsys, "history", "--history", f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/x")
     assert rc == 2
     assert "history database postgresql+psycopg://nobody@127.0.0.1:" in err and "cannot open it" in err
     assert "Traceback" not in err

@@ -20,6 +20,9 @@ from bench.serve.errors import BootError as BootError
 from bench.serve.protocols import Launcher as Launcher
 
 HOST = "127.0.0.1"
+# Where a container sees a local image's PYTHONPATH overlays (the i-th at OVERLAY_ROOT/i, read-only):
+# the docker launcher mounts them there, and what reproduces a container's run names them there.
+OVERLAY_ROOT = "/opt/regbench/overlay"
 
 
 def serve_args(cell: Cell, server: ServerConfig, port: int, model_path: str) -> list[str]:

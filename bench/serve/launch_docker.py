@@ -57,7 +57,7 @@ from bench.core.stop import StopToken
 from bench.core.verdicts import NOT_RUNNABLE
 from bench.serve.errors import LauncherUnavailable, StartError
 from bench.serve.fingerprint import PROBE, host_cpu, host_cuda, host_gpu, parse_probe
-from bench.serve.launch import device_env, serve_args, server_env
+from bench.serve.launch import OVERLAY_ROOT, device_env, serve_args, server_env
 from bench.serve.launchers import register
 from bench.serve.lifecycle import Server
 from bench.serve.memory import gpu_bytes
@@ -67,7 +67,6 @@ from bench.serve.reap import owner_gone, owner_tag
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
-OVERLAY_ROOT = "/opt/regbench/overlay"
 HUB_CACHE = "/root/.cache/huggingface"
 ENTRYPOINT = ["python3", "-m", "vllm.entrypoints.cli.main"]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shlex
 import signal
 import subprocess
@@ -22,10 +21,6 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import docker
-import docker.errors
-import requests.exceptions
 
 from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
 from bench.core.judge import baseline_of, divergence, judge
@@ -36,8 +31,7 @@ from bench.core.results import Results
 from bench.core.tokens import comparator_for
 from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.report.bugreport import BugReport, render
-from bench.serve.launch import HOST, image_env, serve_args, server_env
-from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, client, labels, run_options
+from bench.serve.launch import HOST, OVERLAY_ROOT, image_env, serve_args, server_env
 from bench.serve.launchers import needs
 from bench.store.evidence import diagnose_results
 from bench.store.publish import open_results
@@ -50,7 +44,6 @@ DEFAULT_PORT = 8000  # for a cell with no run record to take its port from
 COLLECT_ENV = ["-m", "vllm.collect_env"]
 # It takes ~5 s on a CPU host; on a GPU host it also asks nvidia-smi and the driver, which can hang.
 COLLECT_ENV_TIMEOUT_S = 180.0
-API_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 class CollectEnvError(Exception):
@@ -217,63 +210,6 @@ def run_collect_env_local(cell: Cell, env: Mapping[str, str], timeout_s: float =
     return text
 
 
-def _explain(exc: Exception) -> str:
-    return str(getattr(exc, "explanation", None) or exc).replace("\n", " ")
-
-
-def run_collect_env_docker(cell: Cell, ref: str, run_id: str, warnings: list[str],
-                           timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> str:
-    """collect_env's output from a container of `ref` as the launcher starts the cell's servers
-    (its platform's options, host networking, the overlay mounted first on PYTHONPATH). Raises
-    CollectEnvError; a container it could not remove is added to `warnings`."""
-    try:
-        engine = client()
-    except DockerUnavailable as exc:
-        raise CollectEnvError(str(exc)) from None
-    name = f"regbench-{run_id}-collect-env-{secrets.token_hex(4)}"
-    container = None
-    try:
-        try:
-            img = engine.images.get(ref)
-        except docker.errors.ImageNotFound:
-            raise CollectEnvError(f"image {ref} is not on this host (a report pulls nothing)") from None
-        baked = dict(v.partition("=")[::2] for v in (img.attrs.get("Config") or {}).get("Env") or [])
-        overlays = [f"{OVERLAY_ROOT}/{i}" for i in range(len(cell.image.pythonpath))]
-        container = engine.containers.create(
-            str(img.id), entrypoint=[cell.image.python, *COLLECT_ENV], detach=True, name=name,
-            # As the launcher's servers: the matrix's variables of the image on top of those the image
-            # sets (the engine merges them), the overlay alone on PYTHONPATH.
-            environment=image_env(cell.image.model_copy(update={"pythonpath": overlays}), {}),
-            volumes={p: {"bind": o, "mode": "ro"} for p, o in zip(cell.image.pythonpath, overlays, strict=True)},
-            # Labelled like the launcher's containers: `regbench clean` finds one a killed report left.
-            labels=labels(run_id, "collect-env", None), **run_options(cell.profile))
-        container.start()
-        try:
-            status = container.wait(timeout=timeout_s)
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            raise CollectEnvError(f"its container of {ref} timed out after {timeout_s:g} s") from None
-        code = int(status["StatusCode"])
-        if code != 0:
-            err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-            raise CollectEnvError(f"{cell.image.python} -m vllm.collect_env in a container of {ref} exited with "
-                                  f"code {code}" + _last_line(err))
-        out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-        # The variables the image sets are not in the report's redactor, and collect_env prints some.
-        return Redactor(v for n, v in baked.items() if SECRET_LOOKING.search(n)).text(out)
-    except API_ERRORS as exc:
-        raise CollectEnvError(f"cannot run collect_env in a container of {ref}: {_explain(exc)}") from None
-    finally:
-        try:
-            # By name when create() failed after the engine had made it (a time-out, Ctrl-C).
-            (container or engine.containers.get(name)).remove(force=True)
-        except docker.errors.NotFound:
-            pass
-        except API_ERRORS as exc:
-            warnings.append(f"cannot remove the container {name} ({_explain(exc)}); `regbench clean` removes it")
-        finally:
-            engine.close()
-
-
 def _first_divergence(data: Results, cell: Cell, runs: list[RunRecord]) -> TokenDivergence | None:
     """Both tokens at the first divergence from the baseline cell, by the judge's own comparison
     (the verdict itself is the judge's; this only fetches its evidence back)."""
@@ -328,8 +264,13 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
     if collect_env:
         warnings = [] if warnings is None else warnings
         try:
-            collected = run_collect_env_docker(cell, pin or str(cell.image.ref), results.path.name, warnings) \
-                if boxed else run_collect_env_local(cell, os.environ if env is None else env)
+            if boxed:
+                # Here, not at the top: the docker SDK only for a report of a container's cell.
+                from bench.store.collect_env_docker import run_collect_env_docker
+
+                collected = run_collect_env_docker(cell, pin or str(cell.image.ref), results.path.name, warnings)
+            else:
+                collected = run_collect_env_local(cell, os.environ if env is None else env)
         except CollectEnvError as exc:
             collect_error = str(exc)
             warnings.append(f"vLLM's collect_env could not be run here ({exc}); the report gives its command instead")
