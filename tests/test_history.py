@@ -235,16 +235,23 @@ def test_a_cell_failing_from_its_first_run_has_no_last_good_run(db, tmp_path, ca
     assert "first FAIL in run-1, no good run before it in the history" in " ".join(out.split())
 
 
-def test_a_slowed_run_is_flagged_against_the_window_of_good_runs_and_a_normal_one_is_not(db, tmp_path, capsys):
-    """Four good nights, one whose servers are all half as slow again, then a normal one: the slow
-    night is flagged on every timed metric by compare's rule, against the four before it; the
-    normal night after it is not (and its window leaves the slow night out)."""
+def ingest_nights(db: str, tmp_path: Path, capsys, n: int) -> list[str]:
+    """Nights 1..n a day apart, ingested; night 5's servers all half as slow again (synth.timed)."""
     root = tmp_path / "results"
-    nights = [f"night-{i}" for i in range(1, 7)]
+    nights = [f"night-{i}" for i in range(1, n + 1)]
     for i, run_id in enumerate(nights):
         started(synth.timed(root, run_id, slower=1.5 if run_id == "night-5" else 1.0), 1_000_000 * (i + 1))
     rc, _, _ = cli(capsys, "history", "ingest", *(str(root / r) for r in nights), "--history", db)
     assert rc == 0
+    return nights
+
+
+def test_a_slowed_run_is_flagged_against_the_window_of_good_runs_and_a_normal_one_is_not(db, tmp_path, capsys):
+    """Four good nights, one whose servers are all half as slow again, then a normal one: the slow
+    night is flagged on every timed metric by compare's rule, against the four before it; the
+    normal night after it is not (and its window leaves the slow night out)."""
+    nights = ingest_nights(db, tmp_path, capsys, 6)
+    root = tmp_path / "results"
 
     history = open_history(db)
     try:
@@ -299,12 +306,7 @@ def test_a_threshold_above_the_slowdown_stops_flagging_that_metric_only(db, tmp_
     and still is on the other metrics, at their defaults. The JSON and the trend page state every
     metric's threshold in effect; at the defaults (a threshold given at its default too) neither
     states any."""
-    root = tmp_path / "results"
-    nights = [f"night-{i}" for i in range(1, 6)]
-    for i, run_id in enumerate(nights):
-        started(synth.timed(root, run_id, slower=1.5 if run_id == "night-5" else 1.0), 1_000_000 * (i + 1))
-    rc, _, _ = cli(capsys, "history", "ingest", *(str(root / r) for r in nights), "--history", db)
-    assert rc == 0
+    ingest_nights(db, tmp_path, capsys, 5)
 
     rc, out, _ = cli(capsys, "history", "--history", db, "--threshold", "boot_s=1.6", "--json")
     assert rc == 0
