@@ -6,6 +6,9 @@ by hand.
 
   .venv/bin/python scripts/detection_table.py           print the table of the ledger
   .venv/bin/python scripts/detection_table.py --write   put it into docs/faults.md between the markers
+  .venv/bin/python scripts/detection_table.py --record  record the full tier's real-model rows in
+                                                        docs/data/detection-real.json (its commit and
+                                                        inputs with them: refused once they change)
   .venv/bin/python scripts/detection_table.py --check   exit 1 if the healthy baseline failed, a fault
                                                         did not fire, a fired fault was not caught
                                                         (or one the test names as not caught was),
@@ -26,10 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "results" / "detection.json"
 PAGE = ROOT / "docs" / "faults.md"
 SECTION = "detection-table"  # the page's markers
-# The real model's rows (configs/cpu-faults-real.yaml), measured by
-# `REGBENCH_DETECTION_REAL=1 .venv/bin/pytest tests/test_e2e_detection.py` into
-# results/detection-real.json and recorded here as they came out.
+# The real model's rows (configs/cpu-faults-real.yaml), measured by the full tier
+# (scripts/test.sh --full) into results/detection-real.json and recorded here by --record.
+MEASURED_REAL = ROOT / "results" / "detection-real.json"
 RECORDED = ROOT / "docs" / "data" / "detection-real.json"
+RECORDED_INPUTS = ["configs/cpu-faults-real.yaml", "faults"]
 
 
 def model_of(row: dict) -> str:
@@ -108,19 +112,24 @@ def problems(rows: list[dict], ledger: Path) -> list[str]:
 
 
 def main() -> int:
-    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "the slow tier's rows (default: %(default)s)")
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "the slow tier's rows (default: %(default)s)",
+                                  record=f"record the full tier's real-model rows ({MEASURED_REAL.name}) in {RECORDED}")
+    if args.record:
+        readme_table.record(json.loads(MEASURED_REAL.read_text()), RECORDED, RECORDED_INPUTS)
+        print(f"detection table: {len(json.loads(MEASURED_REAL.read_text()))} real-model rows recorded in {RECORDED}")
+        return 0
     if not args.ledger.exists():
         print(f"detection table: {args.ledger} does not exist; run the slow tier (tests/test_e2e_detection.py)")
         return 1
     rows = json.loads(args.ledger.read_text())
-    # The real model's rows, as recorded: a run of sixteen servers is not repeated by CI.
-    recorded = json.loads(RECORDED.read_text()) if RECORDED.exists() else []
+    # The real model's rows, as recorded: a run of sixteen servers is the full tier's, not CI's.
+    recorded, refused = readme_table.recorded(RECORDED)
     rows += [r for r in recorded if model_of(r) not in {model_of(x) for x in rows}]
     made = table(rows)
     if readme_table.write_or_show(args, SECTION, made):
         return 0
     same, differ = readme_table.check(SECTION, made, "scripts/detection_table.py", args.page)
-    return readme_table.verdict("detection table", problems(rows, args.ledger) + differ,
+    return readme_table.verdict("detection table", refused + problems(rows, args.ledger) + differ,
                                 f"{len(rows)} fresh starts; the healthy baseline passed, every fault fired, and each "
                                 "was caught or named as not caught" + ("" if same else " (figures above differ from the page's)"))
 

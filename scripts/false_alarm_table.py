@@ -5,6 +5,8 @@ Never edited by hand.
 
   .venv/bin/python scripts/false_alarm_table.py           print the table of the last suite run
   .venv/bin/python scripts/false_alarm_table.py --write   put it into docs/faults.md between the markers
+  .venv/bin/python scripts/false_alarm_table.py --record  record the full tier's healthy cases in
+                                                          docs/data/false-alarms-healthy.json
   .venv/bin/python scripts/false_alarm_table.py --check   exit 1 if `logprobs` failed a healthy case
                                                           or passed a broken one, or the page's
                                                           table lists other cases (scripts/test.sh);
@@ -22,16 +24,27 @@ import readme_table
 
 ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "results" / "false-alarms"
+# The healthy cases are the full tier's (eleven servers of the real model, scripts/test.sh --full):
+# recorded here by --record, and read from here when the suite run did not measure them.
+HEALTHY = "healthy.json"
+RECORDED = ROOT / "docs" / "data" / "false-alarms-healthy.json"
+RECORDED_INPUTS = ["configs/cpu-healthy.yaml", "tests/test_e2e_healthy.py"]
 PAGE = ROOT / "docs" / "faults.md"
 SECTION = "false-alarm-table"  # the page's markers
 MARK = {"pass": "PASS", "fail": "FAIL", "flaky": "FLAKY", "not run": "NOT RUN"}
 
 
-def rows_from(folder: Path) -> list[dict]:
+def rows_from(folder: Path) -> tuple[list[dict], list[str]]:
+    """The suite run's rows, the recorded healthy ones where it measured none; and why the
+    recorded ones were refused, if they were."""
     rows: list[dict] = []
     for path in sorted(folder.glob("*.json")):
         rows += json.loads(path.read_text())
-    return sorted(rows, key=lambda r: (r["broken"], r["case"]))
+    refused: list[str] = []
+    if not (folder / HEALTHY).exists():
+        healthy, refused = readme_table.recorded(RECORDED)
+        rows += healthy
+    return sorted(rows, key=lambda r: (r["broken"], r["case"])), refused
 
 
 def _exact(row: dict) -> str:
@@ -68,12 +81,18 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "folder of the suite's JSON rows")
-    rows = rows_from(args.ledger)
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "folder of the suite's JSON rows",
+                                  record=f"record the full tier's healthy cases ({HEALTHY}) in {RECORDED}")
+    if args.record:
+        healthy = json.loads((args.ledger / HEALTHY).read_text())
+        readme_table.record(healthy, RECORDED, RECORDED_INPUTS)
+        print(f"false-alarm table: {len(healthy)} healthy cases recorded in {RECORDED}")
+        return 0
+    rows, refused = rows_from(args.ledger)
     made = table(rows)
     if readme_table.write_or_show(args, SECTION, made):
         return 0
-    bad = [f"{r['case']}: `logprobs` gave {r['logprobs']}, should be {_expected(r).lower()}"
+    bad = refused + [f"{r['case']}: `logprobs` gave {r['logprobs']}, should be {_expected(r).lower()}"
            for r in rows if (r["logprobs"] == "pass") == r["broken"]]
     bad += [f"{r['case']}: `exact` passed a broken cell" for r in rows if r["broken"] and r["exact"] == "pass"]
     if not any(r["broken"] for r in rows) or all(r["broken"] for r in rows):

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
+import subprocess
 import sys
+from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +62,8 @@ def check(name: str, made: str, script: str, page: Path) -> tuple[bool, list[str
     return current == made, problems
 
 
-def arguments(description: str, page: Path, ledger: Path | None = None, ledger_help: str | None = None) -> argparse.Namespace:
+def arguments(description: str, page: Path, ledger: Path | None = None, ledger_help: str | None = None,
+              record: str | None = None) -> argparse.Namespace:
     """The flags every table script takes: --write or --check (neither: print the table), the page,
     and where the suite's rows are when the table is measured."""
     parser = argparse.ArgumentParser(description=description)
@@ -69,6 +73,8 @@ def arguments(description: str, page: Path, ledger: Path | None = None, ledger_h
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true")
     mode.add_argument("--check", action="store_true")
+    if record is not None:
+        mode.add_argument("--record", action="store_true", help=record)
     return parser.parse_args()
 
 
@@ -92,3 +98,51 @@ def write_or_show(args: argparse.Namespace, name: str, made: str) -> bool:
         return True
     return False
 
+
+
+# --- recorded ledgers ---------------------------------------------------------------------------
+# A big table is measured in full by the full tier (scripts/test.sh --full) and recorded in
+# docs/data/ with the commit it was measured at and the files its figures depend on (its matrix,
+# its faults). The landing tier checks the page against the recorded rows instead of measuring
+# them again, and refuses a ledger of another schema, of a commit that is not in this history, or
+# whose inputs changed since: such figures no longer describe the code.
+LEDGER_SCHEMA = 1
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def record(rows: list[dict], path: Path, inputs: list[str]) -> None:
+    """Writes the rows as a recorded ledger; refuses while an input has uncommitted changes (the
+    commit would not say what was measured)."""
+    dirty = _git("status", "--porcelain", "--", *inputs).stdout.strip()
+    if dirty:
+        raise SystemExit(f"{_shown(path)}: not recorded, inputs have uncommitted changes:\n{dirty}")
+    head = _git("rev-parse", "HEAD").stdout.strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema": LEDGER_SCHEMA, "commit": head, "inputs": inputs,
+                                "recorded": date.today().isoformat(), "rows": rows}, indent=1) + "\n")
+
+
+def recorded(path: Path) -> tuple[list[dict], list[str]]:
+    """(the rows, []) of a recorded ledger that still holds; ([], why) when it is refused."""
+    shown = _shown(path)
+    if not path.exists():
+        return [], [f"{shown}: no recorded ledger; run scripts/test.sh --full"]
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or data.get("schema") != LEDGER_SCHEMA:
+        return [], [f"{shown}: a ledger of another schema than {LEDGER_SCHEMA}; run scripts/test.sh --full"]
+    commit, inputs = data["commit"], data["inputs"]
+    if _git("merge-base", "--is-ancestor", commit, "HEAD").returncode != 0:
+        return [], [f"{shown}: measured at {commit[:12]}, which is not in this history; run scripts/test.sh --full"]
+    changed = _git("diff", "--name-only", commit, "--", *inputs).stdout.split()
+    if changed:
+        return [], [f"{shown}: measured at {commit[:12]}; since then {', '.join(changed)} changed: "
+                    "run scripts/test.sh --full"]
+    return data["rows"], []
+
+
+def recorded_note(path: Path) -> str:
+    data = json.loads(path.read_text())
+    return f"recorded {data['recorded']} at {data['commit'][:12]}"

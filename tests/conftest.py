@@ -66,3 +66,33 @@ def pytest_sessionfinish(session, exitstatus):
     if _fault_rows:
         FAULT_LEDGER.parent.mkdir(exist_ok=True)
         FAULT_LEDGER.write_text(json.dumps(sorted(_fault_rows, key=lambda r: (r["kind"], r["test"])), indent=1))
+
+
+# --- tiers and the order of the test files ----------------------------------------------------------
+# The landing tier (scripts/test.sh, what CI runs) leaves out the tests marked `full`: the big
+# tables measured in full (scripts/test.sh --full), whose recorded ledgers in docs/data/ the
+# landing tier re-checks instead. They are deselected, not skipped: nothing of them runs.
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def pytest_configure(config):
+    from . import costs
+
+    config.pluginmanager.register(costs, "regbench-costs")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", help="the full tier: also the tests marked `full`")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--full"):
+        left = [i for i in items if i.get_closest_marker("full") is not None]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [i for i in items if i.get_closest_marker("full") is None]
+    # The longest files first (their measured seconds, tests/durations.json), so that pytest-xdist
+    # (--dist loadfile --no-loadscope-reorder) hands them out longest first and the two workers
+    # finish together; a file never measured counts as quick.
+    costs = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    items.sort(key=lambda i: -costs.get(i.location[0], {}).get("seconds", 0.0))

@@ -9,9 +9,9 @@ A fault this workload cannot show is named in NOT_CAUGHT with the reason, and as
 the table then says so instead of the suite hiding it or a rule being bent to one fault.
 
 The same run on the real model (configs/cpu-faults-real.yaml: SmolLM2-135M-Instruct in bfloat16
-and float32, sixteen servers, about 20 minutes here) when REGBENCH_DETECTION_REAL=1; its rows go
-to results/detection-real.json, which docs/data/detection-real.json records (not re-run by CI, for
-its time budget).
+and float32, sixteen servers, about 20 minutes here) in the full tier (scripts/test.sh --full); its
+rows go to results/detection-real.json, which docs/data/detection-real.json records
+(scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
 Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
 stopped by the bench.
@@ -74,8 +74,7 @@ NOT_CAUGHT: dict[str, str] = {}
 ARMED = re.compile(r"^regbench-fault: (\S+) armed in ", re.M)
 
 
-@pytest.fixture(scope="module",
-                params=["tiny", *(["real"] if os.environ.get("REGBENCH_DETECTION_REAL") == "1" else [])])
+@pytest.fixture(scope="module", params=["tiny", pytest.param("real", marks=pytest.mark.full)])
 def measured(request, tmp_path_factory) -> tuple[Path, Path, list[dict], subprocess.CompletedProcess, float, list]:
     config, ledger = MATRICES[request.param]
     results = tmp_path_factory.mktemp(f"detection-{request.param}")

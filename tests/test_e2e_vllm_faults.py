@@ -100,8 +100,11 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
     assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]
 
 
+# Under vLLM's own process layout as well as the in-process one the test matrices use: the exit
+# of every interpreter is where this symptom lives, and the two layouts have different ones.
+@pytest.mark.parametrize("topology", ["default", "in_process"])
 @pytest.mark.fault("exception at the server's interpreter exit")
-def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault):
+def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault, topology):
     # The seed's other symptom: a UnicodeDecodeError at exit. Injected through a site hook on the
     # server's path, into an otherwise healthy server: only the exit-time scan can see it.
     hook = tmp_path / "hook"
@@ -116,6 +119,7 @@ def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault
     data = yaml.safe_load(config.read_text())
     for image in data["images"]:
         image["pythonpath"].append(str(hook))
+    data["server"]["topology"] = topology
     config.write_text(yaml.safe_dump(data))
     p = regbench("run", str(config), "--results", str(tmp_path / "res"), "--run-id", "r")
     output, _ = p.communicate(timeout=900)

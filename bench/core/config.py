@@ -321,6 +321,11 @@ class Workload(Strict):
         return self
 
 
+Topology = Literal["default", "in_process"]
+# What each topology sets in a server's environment (bench.serve.launch.server_env).
+TOPOLOGY_ENV: dict[str, dict[str, str]] = {"default": {}, "in_process": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+
+
 class ServerSettings(Strict):
     host: Literal["127.0.0.1"] = Field(default="127.0.0.1", description="the address servers bind (only this one)")
     args: ServerArgs = Field(default=[], description="extra `vllm serve` arguments for every server "
@@ -338,6 +343,14 @@ class ServerSettings(Strict):
                                   description="seconds from start to `/health` before `boot_timeout`")
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3_600,
                                       description="seconds between SIGTERM and SIGKILL at a server's stop")
+    # vLLM on CPU spawns three interpreters per server (API server, engine core, model worker), each
+    # importing torch and vLLM; `in_process` keeps the worker inside the engine core. Only a CPU
+    # option: a GPU server with one device already runs its worker there (docs/launchers.md).
+    topology: Topology = Field(
+        default="default", description="vLLM's process layout: `default` as vLLM chooses, or `in_process` "
+                                       "(CPU platforms only, tensor-parallel size 1): the model worker inside the "
+                                       "engine-core process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), one interpreter "
+                                       "fewer to boot")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -601,6 +614,14 @@ class Config(Strict):
         if self.repeats == "auto" and self.repeat_count > 10_000:
             raise ValueError(f"detect asks for {self.repeat_count} repeats per cell; at most 10000")
         named = {p.name for p in self.profiles}
+        if self.server.topology == "in_process":
+            gpu = sorted(p.name for p in self.profiles if p.device_kind != "cpu")
+            if gpu:
+                raise ValueError(f"server.topology in_process is a CPU option; platforms {gpu} are not CPU platforms")
+            tp = sorted(m.name for m in self.models if m.tensor_parallel_size > 1)
+            if tp:
+                raise ValueError(f"server.topology in_process runs one model worker; models {tp} ask for "
+                                 "tensor_parallel_size > 1")
         if self.profiles and set(self.platforms) - named:
             # A matrix with profiles has one for every platform (bench.store.matrixfile.load_config resolves them all):
             # a platform without one would run with a blank profile, its devices and env lost.

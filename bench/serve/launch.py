@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from bench.core.config import Image, LoadFormat, Platform
+from bench.core.config import TOPOLOGY_ENV, Image, LoadFormat, Platform
 from bench.core.config import ServerSettings as ServerConfig
 from bench.core.matrix import Cell
 from bench.core.records import Devices
@@ -71,6 +71,7 @@ def server_env(cell: Cell, server: ServerConfig, platform: Platform) -> dict[str
         # keeps all of a server's traffic on loopback.
         "VLLM_HOST_IP": HOST,
     }
+    env.update(TOPOLOGY_ENV[server.topology])
     env.update(platform.env)
     env.update(server.env)
     env.update(cell.image.env)
