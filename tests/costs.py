@@ -3,14 +3,14 @@ registers it).
 
 A thread in each pytest process looks at the machine's processes once a second and counts every
 vLLM API server (`vllm.entrypoints.cli.main serve` that loads torch: the stand-in vllm package of
-the fast tests never does) it has not seen before that this process started: a descendant of it (local servers, the bench's or a test's own), one whose run folder
-(the bench's REGBENCH_RUN_DIR label) lies under this process's temporary folder (Slurm jobs,
-started by slurmd), or a container whose bench (its `org.regbench.owner` label) descends from it.
-A boot lasts tens of seconds, so a poll a second misses none. The counts go to the controller
-with the reports (pytest-xdist) and are printed per file at the end, beside the slowest tests,
-with the seconds of each file's tests (setup and teardown included), and written to
-results/test-costs.json. tests/durations.json is such a file, recorded from a whole run: the
-order in which tests/conftest.py hands the files to the workers.
+the fast tests never does) that this process started: a descendant of it (local servers, the
+bench's or a test's own), one whose run folder (the bench's REGBENCH_RUN_DIR label) lies under
+this process's temporary folder (Slurm jobs, started by slurmd), or a container whose bench (its
+`org.regbench.owner` label) descends from it. A boot lasts tens of seconds, so a poll a second
+misses none. The counts go to the controller with the reports (pytest-xdist) and are printed per
+file at the end, beside the slowest tests, with the seconds of each file's tests (setup and
+teardown included), and written to results/test-costs.json. tests/durations.json is such a
+file, recorded from a whole run: the order in which tests/conftest.py hands the files out.
 """
 
 from __future__ import annotations

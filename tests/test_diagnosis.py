@@ -12,7 +12,7 @@ from bench.core.contrast import contrast
 from bench.core.diagnosis import CellEvidence, Signature, diagnose_cell, load_signatures
 from bench.core.logfacts import log_facts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Finding, RepeatedToken, TwinsDiffer, Verdict
+from bench.core.verdicts import Finding, RepeatedToken, ServerExit, TwinsDiffer, Verdict
 
 LOGS = Path(__file__).parent / "data" / "logs"
 SIGNATURES = {s.id: s for s in load_signatures()}
@@ -358,3 +358,68 @@ def test_empty_text_for_the_baselines_tokens_is_the_text_lost_not_the_model():
     empty = cell("safetensors", "s16", "fail", {"empty_text": 2, "usage_text_mismatch": 2})
     assert first(evidence(empty, "safetensors")) == "empty-text-normal-tokens"
     assert "empty-text-normal-tokens" not in names(evidence(cell("runai_streamer", "s16", "fail", BUG), "runai_streamer"))
+
+
+# ---- what the diagnosis leaves out and what it rules out ------------------------------------------
+
+def test_a_line_a_passing_cells_log_shows_too_is_no_evidence_but_the_cells_own_are():
+    """vLLM prints EngineDeadError at every SIGTERM: the healthy baseline's log holds it too, so it
+    says nothing about a length off by one; the cell's own lines stay."""
+    shutdown = log("vllm-0.32-shutdown-engine-dead.log")
+    short = cell("safetensors", "s16", "fail", {"short_output": 1})
+    alone = diagnose_cell(evidence(short, "safetensors", ["vllm-0.32-shutdown-engine-dead.log"]), [])
+    assert any("EngineDeadError" in line for line in alone.log_evidence), alone.log_evidence  # nothing to compare with
+    beside = evidence(short, "safetensors", ["vllm-0.32-shutdown-engine-dead.log"],
+                      healthy_logs=[log_facts(shutdown)], healthy_log_text=shutdown)
+    d = diagnose_cell(beside, [])
+    assert not any("EngineDeadError" in line for line in d.log_evidence), d.log_evidence
+    assert any(line.startswith("KV cache") for line in d.log_evidence)  # what the log says of loading stays
+    # A signature's log pattern that a healthy log matches too is not evidence for it either.
+    sig = Signature.model_validate({"id": "x", "title": "x", "explanation": "x", "fixes": ["x"],
+                                    "require": [{"reason": ["short_output"]}], "support": [{"log": "EngineDeadError"}]})
+    (m,) = diagnose_cell(beside, [sig]).matches
+    assert [e.condition for e in m.unknown] == ["log: EngineDeadError"] and "shows it too" in m.unknown[0].says
+    (m,) = diagnose_cell(evidence(short, "safetensors", ["vllm-0.32-shutdown-engine-dead.log"]), [sig]).matches
+    assert [e.condition for e in m.supports] == ["reason: ['short_output']", "log: EngineDeadError"]
+
+
+def test_lines_that_differ_only_in_a_figure_are_one_line_with_the_range():
+    runs = ["INFO Loading weights took 0.02 seconds\nINFO KV cache size: 1,024 tokens\n",
+            "INFO Loading weights took 0.01 seconds\nINFO KV cache size: 1,024 tokens\n",
+            "INFO Loading weights took 0.35 seconds\nINFO KV cache size: 1,024 tokens\nWARNING casting to float32\n"]
+    ev = CellEvidence(cell=cell("safetensors", "s16", "flaky", {"short_output": 1}), vllm_load_format="safetensors",
+                      logs=[log_facts(t) for t in runs])
+    assert diagnose_cell(ev, []).log_evidence == [
+        "weights loaded in 0.01–0.35 s", "KV cache 1,024 tokens", "run 3 of 3: warning: WARNING casting to float32"]
+
+
+def test_prefix_cache_corruption_is_ruled_out_when_the_cache_served_nothing():
+    """Twins of other tokens: batching or the prefix cache. The run's own counter of prefix-cache
+    hits tells them apart: none means no request was served from cached blocks."""
+    twins = cell("safetensors", "s16", "fail", {"inconsistent_output": 2})
+    assert names(evidence(twins, "safetensors", findings=[_twins(text=False)], prefix_cache_hits=[0.0, 0.0])) == [
+        "batch-dependent-output"]
+    hit = evidence(twins, "safetensors", findings=[_twins(text=False)], prefix_cache_hits=[0.0, 256.0])
+    assert sorted(names(hit)) == ["batch-dependent-output", "prefix-cache-corruption"]
+    (m,) = [m for m in diagnose_cell(hit, list(SIGNATURES.values())).matches if m.signature == "prefix-cache-corruption"]
+    assert "256 prefix-cache hits in the workloads of 2 servers" in [e.says for e in m.supports]
+    # The knob's own cell runs without the cache: its zero hits rule nothing out.
+    knob = cell("safetensors", "s16+no-prefix-caching", "fail", {"invariance_broken": 1}).model_copy(
+        update={"knob": "no-prefix-caching"})
+    assert names(evidence(knob, "safetensors", prefix_cache_hits=[0.0])) == ["prefix-cache-corruption"]
+
+
+def test_a_server_killed_after_sigterm_is_named_with_its_last_lines():
+    killed = Finding(reason="exit_code", evidence=ServerExit(phase="shutdown", exit_code=-9, killed=True))
+    deaf = evidence(cell("safetensors", "s16", "fail", {"exit_code": 1}), "safetensors",
+                    ["vllm-0.32-safetensors-healthy.log"], findings=[killed], shutdown_timeout_s=10.0,
+                    after_stop={1: ["INFO:     Shutting down", "INFO:     Waiting for background tasks to complete."]})
+    d = diagnose_cell(deaf, list(SIGNATURES.values()))
+    assert d.matches[0].signature == "server-ignored-stop"
+    assert "1 of 1 servers did not exit within 10 s after SIGTERM and were killed (SIGKILL)" in [
+        e.says for e in d.matches[0].supports]
+    assert d.log_evidence[-1] == ("run 1, last lines after the stop request: INFO:     Shutting down ⏎ "
+                                  "INFO:     Waiting for background tasks to complete.")
+    exited = Finding(reason="exit_code", evidence=ServerExit(phase="shutdown", exit_code=1))
+    assert "server-ignored-stop" not in names(evidence(cell("safetensors", "s16", "fail", {"exit_code": 1}),
+                                                       "safetensors", findings=[exited]))

@@ -27,7 +27,7 @@ from bench.core.config import ConfigError
 from bench.core.contrast import Contrast
 from bench.core.logfacts import LogFacts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Finding, RepeatedToken, TwinsDiffer
+from bench.core.verdicts import Finding, RepeatedToken, ServerExit, TwinsDiffer
 
 
 class _Strict(BaseModel):
@@ -118,6 +118,15 @@ class CellEvidence(_Strict):
     # (bench.store.evidence): that is no evidence, here or in `log` patterns.
     logs: list[LogFacts] = []
     log_text: str = ""  # the judged runs' server logs, as much as was read (for `log` patterns)
+    # The logs of the run's passing cells, whole: a warning, error or exception a healthy server
+    # prints too (vLLM's EngineDeadError at every SIGTERM) is no evidence of this cell's failure.
+    healthy_logs: list[LogFacts] = []
+    healthy_log_text: str = ""
+    # Per judged run, the prefix-cache hits its server counted over the workload (None: not scraped).
+    prefix_cache_hits: list[float | None] = []
+    shutdown_timeout_s: float | None = None
+    # The last lines each judged run's server printed after the stop request, by repeat.
+    after_stop: dict[int, list[str]] = {}
     fingerprint: Fingerprint | None = None
     inspect: PreflightRecord | None = None
     audit: PreflightRecord | None = None
@@ -135,6 +144,12 @@ class Condition(_Strict):
     knob: str | None = None  # the cell is this invariance knob's cell (`invariance`)
     # Its runs' answers of one repeated token id (`degenerate`) repeat this id.
     repeated_token: int | None = None
+    # Some server of the cell counted prefix-cache hits over its workload (vLLM's
+    # prefix_cache_hits counter): false when every one counted none, so nothing was served from
+    # cached KV blocks.
+    prefix_cache_hits: bool | None = None
+    # Some run's server did not exit after SIGTERM within the shutdown timeout and was killed.
+    killed: bool | None = None
     # Two requests of one run with the same content (`inconsistent_output`) got other token ids
     # (`tokens`), or the same ids told as other text (`text`).
     twins_differ: Literal["tokens", "text"] | None = None
@@ -191,6 +206,22 @@ class Condition(_Strict):
                 f"{twins[0].text()}"
         if self.load_format is not None:
             return ev.vllm_load_format == self.load_format, f"load format {ev.vllm_load_format}"
+        if self.prefix_cache_hits is not None:
+            counted = [h for h in ev.prefix_cache_hits if h is not None]
+            if not counted:
+                return None, "no prefix-cache counter scraped"
+            hits = sum(counted)
+            said = f"{hits:g} prefix-cache hits in the workloads of {len(counted)} server{'s' if len(counted) != 1 else ''}"
+            if not hits:
+                said += " (every prompt shorter than a KV block, or none repeated one: no request was served from the cache)"
+            return (hits > 0) == self.prefix_cache_hits, said
+        if self.killed is not None:
+            killed = sum(1 for f in ev.findings if isinstance(f.evidence, ServerExit) and f.evidence.killed)
+            if not killed:
+                return not self.killed, "every server exited after the stop request"
+            within = f" within {ev.shutdown_timeout_s:g} s" if ev.shutdown_timeout_s else ""
+            return self.killed, (f"{killed} of {len(ev.logs) or killed} servers did not exit{within} after SIGTERM and "
+                                 "were killed (SIGKILL)")
         if self.contrast_axis is not None:
             if ev.contrast is None or not ev.contrast.only_with:
                 return None, "no contrast in this matrix"
@@ -248,6 +279,8 @@ class Condition(_Strict):
                 return None, "no server log"
             m = re.search(self.log, ev.log_text)
             line = ev.log_text[ev.log_text.rfind("\n", 0, m.start()) + 1:].split("\n", 1)[0].strip()[:240] if m else ""
+            if m and re.search(self.log, ev.healthy_log_text):
+                return None, f"server log: {line} (a passing cell's log shows it too: no evidence)"
             return m is not None, f"server log: {line}" if m else f"server log has no /{self.log}/"
         if self.env is not None:
             diff = {k: ev.env.get(k) for k, v in self.env.items() if ev.env.get(k) != v}
@@ -345,27 +378,67 @@ def _condition_text(c: Condition) -> str:
     return f"{key}: {value}"
 
 
+_FIGURE = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def _shape(line: str) -> str:
+    """A line with its figures taken out: lines of one shape say the same thing."""
+    return _FIGURE.sub("#", line)
+
+
+def _facts(log: LogFacts) -> tuple[list[str], list[str]]:
+    """(what the log says of loading, its warnings, errors and exceptions), as evidence lines."""
+    loading = [f"weights loader '{p.loader}' stopped at {p.done}/{p.total}: {p.total - p.done} never reached the server"
+               for p in log.short_loaders]
+    if log.weights_load_s is not None:
+        loading.append(f"weights loaded in {log.weights_load_s:g} s")
+    if log.kv_cache_tokens is not None:
+        loading.append(f"KV cache {log.kv_cache_tokens:,} tokens")
+    alarms = [f"warning: {w}" for w in log.warnings[:3]]
+    alarms += [f"error: {e}" for e in log.errors[:3]]
+    alarms += [f"{tb.exception} (innermost: {' ← '.join(reversed(tb.frames[-3:]))})" for tb in log.tracebacks[:2]]
+    return loading, alarms
+
+
+def _one_line_of_a_shape(lines: list[str]) -> str:
+    """Lines of one shape as one, each figure that differs as its range: "loaded in 0.01–0.02 s"."""
+    if len(lines) == 1:
+        return lines[0]
+    columns = list(zip(*(_FIGURE.findall(line) for line in lines)))
+    parts = _FIGURE.split(lines[0])
+    out = parts[0]
+    for figures, rest in zip(columns, parts[1:]):
+        values = sorted(set(figures), key=lambda f: float(f.replace(",", "")))
+        out += values[0] if len(values) == 1 else f"{values[0]}–{values[-1]}"
+        out += rest
+    return out
+
+
 def _log_lines(ev: CellEvidence) -> list[str]:
-    """The log facts of the cell's runs; a fact seen in some runs only says in which."""
+    """The log facts of the cell's runs; a fact seen in some runs only says in which. A warning,
+    error or exception a passing cell's log shows too is left out; lines that differ only in
+    their figures are one line, with the figures' ranges."""
+    healthy = {_shape(line) for log in ev.healthy_logs for line in _facts(log)[1]}
     runs_of: dict[str, list[int]] = {}
+    variants: dict[str, list[str]] = {}
     for i, log in enumerate(ev.logs, 1):
-        lines = [f"weights loader '{p.loader}' stopped at {p.done}/{p.total}: {p.total - p.done} never reached the server"
-                 for p in log.short_loaders]
-        if log.weights_load_s is not None:
-            lines.append(f"weights loaded in {log.weights_load_s:g} s")
-        if log.kv_cache_tokens is not None:
-            lines.append(f"KV cache {log.kv_cache_tokens:,} tokens")
-        lines += [f"warning: {w}" for w in log.warnings[:3]]
-        lines += [f"error: {e}" for e in log.errors[:3]]
-        lines += [f"{tb.exception} (innermost: {' ← '.join(reversed(tb.frames[-3:]))})" for tb in log.tracebacks[:2]]
-        for line in dict.fromkeys(lines):
-            runs_of.setdefault(line, []).append(i)
+        loading, alarms = _facts(log)
+        for line in dict.fromkeys([*loading, *(a for a in alarms if _shape(a) not in healthy)]):
+            shape = _shape(line)
+            if i not in runs_of.setdefault(shape, []):
+                runs_of[shape].append(i)
+            if line not in variants.setdefault(shape, []):
+                variants[shape].append(line)
     out = []
-    for line, runs in runs_of.items():
+    for shape, runs in runs_of.items():
+        line = _one_line_of_a_shape(variants[shape])
         if len(runs) == len(ev.logs) or len(ev.logs) == 1:
             out.append(line)
         else:
             out.append(f"run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))} of {len(ev.logs)}: {line}")
+    for repeat, lines in sorted(ev.after_stop.items()):
+        if lines:
+            out.append(f"run {repeat}, last lines after the stop request: " + " ⏎ ".join(lines))
     return out[:20]
 
 

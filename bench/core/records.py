@@ -110,6 +110,7 @@ class ServerMetrics(Record):
     generation_tokens: float | None = None  # vllm:generation_tokens_total, after − before
     requests: float | None = None  # vllm:request_success_total (every finished_reason), after − before
     preemptions: float | None = None  # vllm:num_preemptions_total, after − before
+    prefix_cache_hits: float | None = None  # vllm:prefix_cache_hits_total (tokens), after − before
     kv_cache_usage: float | None = None  # vllm:kv_cache_usage_perc after the workload (0–1)
     error: str | None = None  # the scrape failed: why
 

@@ -21,6 +21,7 @@ COUNTERS = {
     "vllm:generation_tokens": "generation_tokens",
     "vllm:request_success": "requests",
     "vllm:num_preemptions": "preemptions",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
 GAUGES = {"vllm:kv_cache_usage_perc": "kv_cache_usage"}
 

@@ -35,6 +35,32 @@ def _log(results_path: Path, run: RunRecord) -> str:
     return before + without_shutdown_noise(after)
 
 
+def _after_stop(results_path: Path, run: RunRecord, lines: int = 5) -> list[str]:
+    """The last lines a server printed after the stop request (a server that had to be killed:
+    what it was doing instead of exiting)."""
+    path = (results_path / run.server.log_path).resolve()
+    stop = run.server.stop_requested_at_byte
+    if stop is None or not path.is_relative_to(results_path.resolve()) or not path.is_file():
+        return []
+    size = path.stat().st_size
+    start = max(stop, size - 64 * 1024)
+    text = read_log_bytes(path, start, size - start).decode("utf-8", errors="replace")
+    return [line.strip()[:240] for line in text.splitlines() if line.strip()][-lines:]
+
+
+def _healthy_logs(results_path: Path, summary: Summary, runs: list[RunRecord], most: int = 8) -> list[str]:
+    """Whole logs of the passing cells' runs (at most `most` of them): what a healthy server prints."""
+    passing = {c.cell_id for c in summary.cells if not c.verdict.failing}
+    out: list[str] = []
+    for r in runs:
+        path = (results_path / r.server.log_path).resolve()
+        if r.cell_id in passing and path.is_relative_to(results_path.resolve()) and path.is_file() and len(out) < most:
+            size = path.stat().st_size
+            start = max(0, size - LOG_BYTES)
+            out.append(read_log_bytes(path, start, size - start).decode("utf-8", errors="replace"))
+    return out
+
+
 def without_shutdown_noise(shutdown_log: str) -> str:
     """The log after the stop request with each episode the judge calls benign cut out."""
     for episode in exit_time_episodes(shutdown_log):
@@ -51,6 +77,8 @@ def gather(
     contrasts = {c.cell_id: c for c in contrast(summary.cells, fingerprints)}
     prints = {f.image: f for f in fingerprints}  # the last probe of an image wins
     preflights: list[PreflightRecord] = summary.preflight
+    healthy = _healthy_logs(results_path, summary, runs)
+    healthy_facts = [log_facts(t) for t in healthy]
     out = []
     for s in summary.cells:
         cell = cells.get(s.cell_id)
@@ -66,6 +94,10 @@ def gather(
         out.append(CellEvidence(
             cell=s, vllm_load_format=cell.load_format.vllm_format, env=env, contrast=contrasts.get(s.cell_id),
             logs=[log_facts(t) for t in texts], log_text="\n".join(texts),
+            healthy_logs=healthy_facts, healthy_log_text="\n".join(healthy),
+            prefix_cache_hits=[r.perf.metrics.prefix_cache_hits if r.perf and r.perf.metrics else None for r in judged],
+            shutdown_timeout_s=cell.server.shutdown_timeout_s,
+            after_stop={r.repeat: _after_stop(results_path, r) for r in judged if r.server.killed},
             fingerprint=prints.get(matrix_image(cell.image.name)),
             inspect=next((p for p in preflights if p.kind == "inspect" and p.model == cell.model.name), None),
             audit=next((p for p in preflights if p.kind == "audit" and p.model == cell.model.name
