@@ -1,6 +1,8 @@
 """The built wheel, installed in a fresh venv outside the repository, is the whole product:
 its platform profiles ship as package data and `regbench plan` resolves `platforms: [h200]`;
-report.html's templates, stylesheet and script ship too, and a page renders from them."""
+report.html's templates, stylesheet and script ship too, and a page renders from them; the
+known-issue signatures ship too, and `regbench diagnose` names runai-model-streamer #157 in a
+results folder holding the server log recorded from a real run of the seed bug."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import zipfile
 
 import yaml
 
+from . import synth
 from .support import ROOT
 
 
@@ -42,6 +45,18 @@ def test_the_wheel_installed_outside_the_repo_plans_an_h200_matrix(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "m__safetensors__h200__v1" in out.stdout and "[2 devices]" in out.stdout
     assert "platform h200: cells side by side on gpu devices" in out.stdout
+
+    signatures = {p.relative_to(ROOT).as_posix() for p in (ROOT / "bench" / "signatures").glob("*.yaml")}
+    assert signatures and signatures <= set(zipfile.ZipFile(wheel).namelist())
+    # The seed bug's cell with the server log of a real run of it (tests/data/logs/).
+    seed = synth.streamer_bug(tmp_path / "results", "seed", repeats=1)
+    log = (ROOT / "tests" / "data" / "logs" / "vllm-0.32-runai-0.16.0-stream-stop.log").read_text()
+    run_dir = seed.path / "cells" / "m__runai_streamer__cpu__img" / "run-1"
+    (run_dir / "server.log").write_text(log)
+    diagnosed = subprocess.run([venv / "bin" / "regbench", "diagnose", str(seed.path)], capture_output=True,
+                               text=True, cwd=tmp_path, timeout=120)
+    assert diagnosed.returncode == 1, diagnosed.stdout + diagnosed.stderr  # a failing cell
+    assert "runai-empty-shard-stream-stop" in diagnosed.stdout and "#157" in diagnosed.stdout, diagnosed.stdout
 
     page = subprocess.run([venv / "bin" / "python", "-c", RENDER], capture_output=True, text=True, cwd=tmp_path,
                           timeout=120)
