@@ -475,3 +475,28 @@ def test_the_same_request_twice_in_one_run_must_get_the_same_tokens(minimal):
     assert "other text from character 0" in f.detail and "'The capital" in f.detail
     # A run whose workload has no twins has nothing to compare.
     assert judge_twins(bad[:1], workload) == []
+
+
+RECORDED_STREAM = DATA / "records" / "smollm2-f32-chat-streamed-logprobs.json"
+
+
+def test_a_streamed_answer_that_lost_its_tail_is_caught_without_a_twin(workload):
+    """A real streamed chat answer: its tokens' own bytes (the logprobs) spell its text. With the
+    last delta's text lost, usage and ids still agree and the text is not empty: only the tokens'
+    text tells it."""
+    real = RequestRecord.model_validate_json(RECORDED_STREAM.read_text())
+    workload = workload.model_copy(update={"min_tokens": real.completion_tokens, "max_tokens": real.completion_tokens})
+    assert judge_request(real, workload) == []
+    last = real.logprobs[-1].text
+    assert last
+    cut = real.model_copy(update={"text": real.text[: -len(last)]})
+    (f,) = judge_request(cut, workload)
+    assert f.reason == Reason.STREAM_TEXT_MISMATCH and f.evidence.position == len(cut.text)
+    assert f.evidence.streamed == "" and f.evidence.tokens == last
+    # A delta told twice, mid-answer.
+    doubled = real.model_copy(update={"text": real.text[:20] + real.text[10:]})
+    assert [f.evidence.position for f in judge_request(doubled, workload)] == [20]
+    # Not streamed, or a token ending inside a multi-byte character: nothing to tell.
+    assert judge_request(cut.model_copy(update={"stream": False}), workload) == []
+    split = [real.logprobs[0].model_copy(update={"text": "\ufffd"}), *real.logprobs[1:]]
+    assert judge_request(cut.model_copy(update={"logprobs": split}), workload) == []

@@ -46,6 +46,7 @@ from bench.core.verdicts import (
     RepeatedToken,
     RequestFailed,
     ServerExit,
+    StreamTextDiffers,
     TokenCount,
     TokenDivergence,
     TwinsDiffer,
@@ -101,6 +102,8 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
         if (tokens > 0 and text == "") or (ids_count is not None and ids_count != tokens):
             out.append(finding(Reason.USAGE_TEXT_MISMATCH,
                                UsageMismatch(usage_tokens=tokens, token_ids=ids_count, text_chars=len(text))))
+    if (told := stream_text_differs(req)) is not None:
+        out.append(finding(Reason.STREAM_TEXT_MISMATCH, told))
     ids = req.token_ids or []
     if len(ids) >= DEGENERATE_MIN_TOKENS and len(set(ids)) == 1:
         out.append(finding(Reason.DEGENERATE, RepeatedToken(count=len(ids), token_id=ids[0])))
@@ -108,6 +111,22 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
     if expect is not None and not expect.holds(text):
         out.append(finding(Reason.EXPECTATION_FAILED, ExpectationMissed(expected=expect.describe(), answer=text[:200])))
     return out
+
+
+def stream_text_differs(req: RequestRecord) -> StreamTextDiffers | None:
+    """A streamed chat answer whose deltas spell another text than its tokens' own bytes (which
+    its logprobs carry, token by token). Only a chat answer's logprob entries carry a token's own
+    bytes (a streamed completion's are its deltas' texts), and a token that ends inside a
+    multi-byte character decodes to U+FFFD alone: then nothing can be told."""
+    if not req.stream or req.api != "chat" or not req.logprobs or req.text is None:
+        return None
+    if any(t.text is None for t in req.logprobs):
+        return None
+    tokens = "".join(t.text or "" for t in req.logprobs)
+    if "\ufffd" in tokens or tokens == req.text:
+        return None
+    at = next((i for i, (a, b) in enumerate(zip(req.text, tokens)) if a != b), min(len(req.text), len(tokens)))
+    return StreamTextDiffers(position=at, streamed=req.text[at:at + 40], tokens=tokens[at:at + 40])
 
 
 # Lines that open an exit-time episode worth a look.

@@ -20,6 +20,12 @@ Per request (bench.core.judge.judge_request)
                          (vllm#28172: an off-by-one in the length check)
     usage_text_mismatch  usage counts tokens that the text does not show (tokens > 0, text ""),
                          or the returned token ids disagree with usage.completion_tokens
+    stream_text_mismatch a streamed answer's text is not the text of its own tokens: the tokens'
+                         own bytes, which a chat answer's logprobs carry token by token, spell
+                         another text than the deltas did (a stream that lost its tail, or a
+                         delta told twice). Compared where every token's text is known and
+                         whole (no token ends inside a multi-byte character); the evidence has
+                         the first differing character and both texts from there
     degenerate           every generated token id is the same one (a model without weights
                          typically repeats one id forever)
     expectation_failed   the answer does not hold what the prompt's `expect` says a healthy
@@ -134,6 +140,7 @@ class Reason(StrEnum):
     SHORT_OUTPUT = "short_output"
     OVER_MAX_TOKENS = "over_max_tokens"
     USAGE_TEXT_MISMATCH = "usage_text_mismatch"
+    STREAM_TEXT_MISMATCH = "stream_text_mismatch"
     DEGENERATE = "degenerate"
     INCONSISTENT_OUTPUT = "inconsistent_output"
     EXPECTATION_FAILED = "expectation_failed"
@@ -253,6 +260,19 @@ class UsageMismatch(_Evidence):
         if self.usage_tokens > 0 and self.text_chars == 0:
             return f"usage counts {self.usage_tokens} tokens, text is empty"
         return f"{self.token_ids} token ids, usage says {self.usage_tokens}"
+
+
+class StreamTextDiffers(_Evidence):
+    """stream_text_mismatch."""
+
+    kind: Literal["stream_text"] = "stream_text"
+    position: int  # the first character where the streamed text and the tokens' text differ
+    streamed: str  # the streamed text from there (at most 40 characters)
+    tokens: str  # the tokens' own text from there
+
+    def text(self) -> str:
+        return (f"the streamed text differs from its tokens' own text at character {self.position}: "
+                f"{self.streamed!r} vs {self.tokens!r}")
 
 
 class RepeatedToken(_Evidence):
@@ -395,8 +415,8 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | RepeatedToken | ExpectationMissed
-    | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch | Note,
+    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken
+    | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch | Note,
     Field(discriminator="kind"),
 ]
 
@@ -424,5 +444,5 @@ class Finding(BaseModel):
         return f"{self.prompt_id}: {text}" if self.prompt_id and isinstance(self.evidence, _PROMPT_PREFIXED) else text
 
 
-_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, OverLength, UsageMismatch, RepeatedToken, ExpectationMissed,
-                    TwinsDiffer, TokenDivergence)
+_PROMPT_PREFIXED = (RequestFailed, EmptyText, TokenCount, OverLength, UsageMismatch, StreamTextDiffers, RepeatedToken,
+                    ExpectationMissed, TwinsDiffer, TokenDivergence)
