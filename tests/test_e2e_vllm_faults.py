@@ -94,7 +94,7 @@ def test_resume_after_kill_9_redoes_only_the_unfinished_run(tmp_path, fault):
     runs = [RunRecord.model_validate_json(line) for line in (run_dir / "runs.jsonl").read_text().splitlines()]
     assert [x.repeat for x in runs] == [1, 2] and runs[0] == first  # repeat 1 not redone
     assert sorted((q["repeat"], q["prompt_id"]) for q in requests) == sorted(
-        (rep, pid) for rep in (1, 2) for pid in ("code", "prose", "chat", "chat-stream"))
+        (rep, pid) for rep in (1, 2) for pid in ("code", "code-stream", "chat", "chat-stream"))
     assert (log2.parent / "server.log.attempt-1").exists()
     summary = Summary.model_validate_json((run_dir / "summary.json").read_text())
     assert [(c.verdict, c.runs) for c in summary.cells] == [("pass", 2)]
