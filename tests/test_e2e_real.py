@@ -78,7 +78,8 @@ def test_healthy_cells_answer_the_known_questions_and_agree_token_for_token(real
     healthy = [q for q in requests if q.cell_id not in BROKEN]
     cells = {q.cell_id for q in requests}
     prompts = len(yaml.safe_load(CONFIG.read_text())["workload"]["prompts"])
-    assert len(healthy) == (len(cells) - len(BROKEN)) * prompts and all(q.status == 200 and q.completion_tokens == 48 for q in healthy)
+    assert len(healthy) == (len(cells) - len(BROKEN)) * prompts
+    assert all(q.status == 200 and q.completion_tokens == 48 for q in healthy)
     france = [q for q in healthy if q.prompt_id == "france"]
     assert all("Paris" in (q.text or "") for q in france)
     # float32 on CPU: every healthy cell of a model returns the same token ids per prompt
