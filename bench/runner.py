@@ -239,15 +239,14 @@ def pin_images(cells: list[Cell], results: ResultsDir, launcher: Launcher,
     digest; a resumed run to the pin its fingerprint recorded). Returns the cells with their
     images as pinned, for what starts its own containers (the pre-flight audit); raises the
     launcher's error (a ConfigError) before any cell when an image cannot be had."""
-    resolve = getattr(launcher, "resolve_images", None)
     images = list({c.image.name: c.image for c in cells}.values())
-    if resolve is None or not any(i.ref for i in images):
+    if not any(i.ref for i in images):
         return cells
     status("resolving images: " + ", ".join(i.ref for i in images if i.ref))
     refs = {i.name: i.ref for i in images}
     earlier = {f.image: f.image_pin for f in results.data.fingerprints
                if f.image_pin and f.image_ref == refs.get(f.image)}
-    pinned = resolve(images, earlier)
+    pinned = launcher.resolve_images(images, earlier)
     return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells]
 
 

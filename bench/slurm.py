@@ -342,10 +342,9 @@ def pin_for_jobs(config: Config, cells: Sequence[Cell], run_id: str, status: Sta
     except LauncherUnavailable as exc:
         status(f"images not pinned at submission ({exc}): each job resolves its own")
         return config
-    resolve = getattr(launcher, "resolve_images", None)
-    if resolve is None:
+    pinned = launcher.resolve_images(images)
+    if not pinned:
         return config
-    pinned = resolve(images)
     data = config.model_dump(mode="json")
     for image in data["images"]:
         if image["name"] in pinned:

@@ -200,6 +200,9 @@ class ScriptedLauncher:
     def fingerprint(self, image):
         return Fingerprint(image=image.name)
 
+    def resolve_images(self, images, earlier=None):
+        return {}
+
     def server(self, cell, repeat, run_dir, devices=None, stop=None):
         self.started.append((cell.id, repeat))
         modes = self.by_format.get(cell.load_format.name, self.modes)

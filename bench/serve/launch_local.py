@@ -13,6 +13,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from bench.core.config import Config, Image, Platform
@@ -189,6 +190,9 @@ class LocalLauncher:
 
     def fingerprint(self, image: Image) -> Fingerprint:
         return fingerprint(image, image_env(image, self.base_env))
+
+    def resolve_images(self, images: Iterable[Image], earlier: Mapping[str, str] | None = None) -> dict[str, Image]:
+        return {}  # a local image is an interpreter on this host: nothing to pull or pin
 
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server:

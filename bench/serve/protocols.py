@@ -9,6 +9,7 @@ the one kind there is, drives one through a ``Handle``: a process group, a conta
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
@@ -68,6 +69,11 @@ class Launcher(Protocol):
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> LaunchedServer: ...
     def fingerprint(self, image: Image) -> Fingerprint: ...
+    def resolve_images(self, images: Iterable[Image], earlier: Mapping[str, str] | None = None) -> dict[str, Image]:
+        """The images this launcher pulls, resolved once for the run and pinned (name → image as
+        pinned; `earlier`: the pins a resumed run recorded); {} for a launcher that pulls nothing.
+        Raises ConfigError when an image cannot be had."""
+        ...
 
 
 class Backend(Protocol):
