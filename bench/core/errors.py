@@ -11,12 +11,16 @@ that escapes is a bug and keeps its traceback.
     ├── ResultsError          a results folder that cannot be read or continued (bench.store.results)
     │   ├── FolderBusy        another bench is writing it
     │   └── ResultsWriteError (3) a record could not be written: the run stopped
-    ├── LauncherUnavailable   the launcher's back-end is not there (no Docker engine)
+    ├── LauncherUnavailable   the launcher's back-end is not there
+    │   └── DockerUnavailable no Docker engine answers (bench.serve.launch_docker)
     ├── SlurmError            sbatch/scontrol failed (bench.slurm)
     ├── VersionsError         a version map or bisect that cannot go on (bench.versions)
     ├── OverlayError          a loader release that cannot be installed (bench.weights.overlays)
     ├── NotACheckpoint        not a checkpoint folder (bench.weights.checkpoint)
     ├── AuditError, ProbeError  an audit that could not run (bench.weights.audit)
+    ├── HistoryError          the history database cannot be opened, migrated, read or written
+    │                         (bench.store.history)
+    └── TrendWriteError (3)   the trend page could not be written (bench.store.history)
 """
 
 from __future__ import annotations
