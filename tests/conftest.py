@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -79,6 +80,17 @@ def pytest_configure(config):
     from . import costs
 
     config.pluginmanager.register(costs, "regbench-costs")
+    # Two pytest-xdist workers run two vLLM servers at once, and a CPU server takes every core it
+    # is allowed: two of them spinning their OpenMP threads on the same two cores ran the real
+    # model five times slower than one alone (measured: a SmolLM2 workload of 26 s took 128 s).
+    # So each worker, and every process it starts, is allowed one core of its own, as
+    # `regbench run --devices` gives each device slot one: gw0 core 0, gw1 core 1. vLLM sizes
+    # its threads by the allowed cores in either process layout; a server given devices of its
+    # own (`--devices`) is still moved to them by taskset.
+    worker = getattr(config, "workerinput", {}).get("workerid", "")
+    cpus = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 
 def pytest_addoption(parser):
