@@ -496,6 +496,12 @@ def test_a_streamed_answer_that_lost_its_tail_is_caught_without_a_twin(workload)
     # A delta told twice, mid-answer.
     doubled = real.model_copy(update={"text": real.text[:20] + real.text[10:]})
     assert [f.evidence.position for f in judge_request(doubled, workload)] == [20]
+    # Special tokens are left out of the deltas: their names are no text (measured: a model
+    # without its weights streams <|endoftext|> 128 times as "").
+    eos = real.logprobs[-1].model_copy(update={"text": "<|im_end|>"})
+    assert judge_request(real.model_copy(update={"logprobs": [*real.logprobs, eos]}), workload) == []
+    lost = real.model_copy(update={"text": "", "logprobs": [eos.model_copy(update={"text": "<|endoftext|>"})] * 3})
+    assert Reason.STREAM_TEXT_MISMATCH not in reasons(judge_request(lost, workload))
     # Not streamed, or a token ending inside a multi-byte character: nothing to tell.
     assert judge_request(cut.model_copy(update={"stream": False}), workload) == []
     split = [real.logprobs[0].model_copy(update={"text": "\ufffd"}), *real.logprobs[1:]]
