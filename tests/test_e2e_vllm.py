@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.records import PreflightRecord, RequestRecord, RunRecord, Summary
@@ -160,12 +161,16 @@ def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path
 
 def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
     # Two cells × 2 repeats on 2 CPU slots with the real launcher: two servers at a time, each
-    # pinned to its own CPU, and the same verdicts as the one-at-a-time smoke run.
+    # pinned to its own CPU, and the same verdicts as the one-at-a-time smoke run. In vLLM's own
+    # process layout, whose multiprocess executor binds the worker's OpenMP threads to the slot's
+    # CPU (in process, that binding never runs: the slot is the process's affinity alone).
     _, _, smoke_dir = smoke_run
     results = tmp_path / "res"
-    p = regbench("run", str(SMOKE), "--results", str(results), "--run-id", "r", "--devices", "0,1",
-                 "--cell", "tiny-canary__safetensors__cpu__streamer-0.17.0",
-                 "--cell", "tiny-canary__runai_streamer__cpu__streamer-0.17.0")
+    config = one_cell_config(tmp_path, repeats=2, include=[{"image": "streamer-0.17.0"}])
+    data = yaml.safe_load(config.read_text())
+    data["server"]["topology"] = "default"
+    config.write_text(yaml.safe_dump(data))
+    p = regbench("run", str(config), "--results", str(results), "--run-id", "r", "--devices", "0,1")
     output, _ = p.communicate(timeout=1200)
     assert p.returncode == 0, output
     from bench.serve.slots import shared_devices
