@@ -506,3 +506,5 @@ def test_a_streamed_answer_that_lost_its_tail_is_caught_without_a_twin(workload)
     assert judge_request(cut.model_copy(update={"stream": False}), workload) == []
     split = [real.logprobs[0].model_copy(update={"text": "\ufffd"}), *real.logprobs[1:]]
     assert judge_request(cut.model_copy(update={"logprobs": split}), workload) == []
+    # ... or one the stream rendered as U+FFFD where its bytes said nothing (the tiny random model).
+    assert judge_request(real.model_copy(update={"text": "\ufffd" + real.text}), workload) == []
