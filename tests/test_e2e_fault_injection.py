@@ -3,9 +3,11 @@ served interpreter's path), each checked against a healthy server by what the HT
 not by the bench's judge.
 
 Fast tier: the hook with no fault set imports and arms nothing, refuses an unknown name, and
-flaky's roll. Slow tier: one healthy reference server for the module, then one server per group
-of faults that cannot hide one another (a class each, so one fault server runs at a time beside
-the reference): four boots for eight faults and flaky.
+flaky's roll. Full tier (scripts/test.sh --full): one healthy reference server for the module,
+then one server per group of faults that cannot hide one another (a class each, so one fault
+server runs at a time beside the reference): four boots for eight faults and flaky. The landing
+tier runs every fault through the bench instead (tests/test_e2e_detection.py: each armed in its
+own server, and caught, by the rules the detection table names).
 """
 
 from __future__ import annotations
@@ -283,6 +285,7 @@ def engine_side(line: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @needs_vllm
 @needs_canary
 def test_the_healthy_reference_arms_nothing_and_is_batch_invariant(healthy, reference):
@@ -292,6 +295,7 @@ def test_the_healthy_reference_arms_nothing_and_is_batch_invariant(healthy, refe
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @needs_vllm
 @needs_canary
 class TestOutputKeptFaults:
@@ -342,6 +346,7 @@ class TestOutputKeptFaults:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @needs_vllm
 @needs_canary
 class TestNanLogitsAndStreamRepeatsPrompt:
@@ -364,6 +369,7 @@ class TestNanLogitsAndStreamRepeatsPrompt:
 
 
 @pytest.mark.slow
+@pytest.mark.full
 @needs_vllm
 @needs_canary
 class TestScaleLayerPrefixCacheAndFlaky:

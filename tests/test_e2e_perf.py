@@ -10,7 +10,9 @@ is untouched.
 
 Marked `perf` as well as `slow`: timing figures are only meaningful on a machine doing nothing
 else, so scripts/test.sh runs this file alone, after the rest of the suite (another server beside
-it on 2 cores doubles boot times and would make any comparison noise).
+it on 2 cores doubles boot times and would make any comparison noise). In the full tier only
+(nine boots one after another): the landing tier records the same figures in every smoke run
+(tests/test_e2e_vllm.py) and judges a slowdown on real vLLM in the week of nightlies.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from bench.core.records import RequestRecord, RunRecord, Summary
 
 from .support import one_cell_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.perf]
+pytestmark = [pytest.mark.slow, pytest.mark.perf, pytest.mark.full]
 REPEATS = 3
 
 

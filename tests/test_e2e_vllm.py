@@ -160,13 +160,13 @@ def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path
 
 
 def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
-    # Two cells × 2 repeats on 2 CPU slots with the real launcher: two servers at a time, each
-    # pinned to its own CPU, and the same verdicts as the one-at-a-time smoke run. In vLLM's own
-    # process layout, whose multiprocess executor binds the worker's OpenMP threads to the slot's
-    # CPU (in process, that binding never runs: the slot is the process's affinity alone).
+    # Two cells on 2 CPU slots with the real launcher: two servers at a time, each pinned to its
+    # own CPU, and the same verdicts as the one-at-a-time smoke run. In vLLM's own process
+    # layout, whose multiprocess executor binds the worker's OpenMP threads to the slot's CPU (in
+    # process, that binding never runs: the slot is the process's affinity alone).
     _, _, smoke_dir = smoke_run
     results = tmp_path / "res"
-    config = one_cell_config(tmp_path, repeats=2, include=[{"image": "streamer-0.17.0"}])
+    config = one_cell_config(tmp_path, repeats=1, include=[{"image": "streamer-0.17.0"}])
     data = yaml.safe_load(config.read_text())
     data["server"]["topology"] = "default"
     config.write_text(yaml.safe_dump(data))
@@ -176,7 +176,7 @@ def test_cells_side_by_side_on_cpu_slots_never_share_a_cpu(tmp_path, smoke_run):
     from bench.serve.slots import shared_devices
 
     runs = [RunRecord.model_validate_json(x) for x in (results / "r" / "runs.jsonl").read_text().splitlines()]
-    assert len(runs) == 4 and shared_devices(runs) == []
+    assert len(runs) == 2 and shared_devices(runs) == []
     assert {r.server.devices.ids for r in runs} == {("0",), ("1",)}
     spans = sorted((r.server.started_at, r.server.ended_at) for r in runs)
     assert any(b0 < a1 for (_, a1), (b0, _) in itertools.pairwise(spans)), "never two servers at once"

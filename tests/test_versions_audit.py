@@ -2,7 +2,9 @@
 0.13.0 to the newest the index has (overlays installed on demand), checked against a direct
 audit of each release: nothing about the releases is written here.
 
-Slow tier: no server, but ~20 overlays to install (a few MB each) and ~20 audits of 2 s.
+Full tier (scripts/test.sh --full): the release map, no server, but ~20 overlays to install (a few
+MB each) and ~20 audits of 2 s. The landing tier maps a release the probe cannot drive here, and
+bisects the smoke matrix's three releases with servers (tests/test_e2e_versions.py).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def direct(version: str) -> str:
     return "?"
 
 
+@pytest.mark.full
 def test_the_map_covers_every_release_and_agrees_with_a_direct_audit_of_each(version_map, releases):
     assert version_map.versions == releases
     assert [o.version for o in version_map.in_order()] == releases
@@ -78,6 +81,7 @@ def test_a_release_the_probe_cannot_call_is_mapped_as_such(tmp_path):
     assert "probe not supported by this loader version" in (tmp_path / "summary.md").read_text()
 
 
+@pytest.mark.full
 def test_bisect_finds_a_change_point_of_the_map_with_fewer_probes(version_map, releases, tmp_path, capsys):
     passing = [o.version for o in version_map.in_order() if o.kind == Kind.PASSES]
     failing = [o.version for o in version_map.in_order() if o.good is False]
