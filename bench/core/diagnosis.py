@@ -166,6 +166,9 @@ class Condition(_Strict):
     env: dict[str, str] | None = None  # the server's environment sets these
     short_finish_reason: str | None = None  # short outputs ended with this finish_reason
     any: list[Condition] | None = None  # holds when one of these holds (the same fact seen two ways)
+    # Holds when every one holds: one fact made of several (one support, not one each, so that a
+    # precondition raises no signature's score above another's).
+    all: list[Condition] | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Condition:
@@ -176,6 +179,12 @@ class Condition(_Strict):
     def check(self, ev: CellEvidence, releases: Releases | None = None) -> tuple[bool | None, str]:
         """(holds, what the evidence says); holds is None when the evidence cannot tell.
         `releases`: the signature's, for `release` conditions."""
+        if self.all is not None:
+            results = [c.check(ev, releases) for c in self.all]
+            says = "; ".join(says for _, says in results)
+            if any(r[0] is False for r in results):
+                return False, says
+            return (None if any(r[0] is None for r in results) else True), says
         if self.any is not None:
             results = [c.check(ev, releases) for c in self.any]
             hit = next((r for r in results if r[0]), None)
