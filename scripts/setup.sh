@@ -21,18 +21,26 @@ bench_venv() {
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install --progress-bar off -e '.[test]'
 }
+# The installs that need nothing from each other run side by side (`later`/`await`, lib.sh): on a
+# fresh machine the vLLM venvs, the images and the bench's venv took 8-10 min one after another.
+smoke=""
+[ "${1:-}" = "--smoke" ] && smoke=1
+later vllm-current bash scripts/setup-vllm.sh
+if [ -z "$smoke" ]; then
+  # The previous vLLM release beside the current one (configs/cpu-healthy.yaml, the release axis).
+  later vllm-previous bash scripts/setup-vllm.sh --previous
+  later docker bash scripts/setup-docker.sh
+fi
 step "regbench and its pinned dependencies into .venv" "~5 s (~20 s the first time)" \
   "$LOG_DIR/bench-venv.log" -- bench_venv
-bash scripts/setup-vllm.sh
+await vllm-current
 if [ -f .cache/models/tiny-canary/regbench-canary.json ]; then
   ready "tiny canary checkpoint in .cache/models/tiny-canary"
 else
   step "tiny canary checkpoint into .cache/models/tiny-canary" "~8 s" "$LOG_DIR/tiny-model.log" \
     -- .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary
 fi
-[ "${1:-}" = "--smoke" ] && exit 0
-# The previous vLLM release beside the current one (configs/cpu-healthy.yaml, the release axis).
-bash scripts/setup-vllm.sh --releases
+[ -n "$smoke" ] && exit 0
 
 if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache/models/smollm2-135m-canary/regbench-canary.json ] \
    && [ -f .cache/models/smollm2-135m-bf16/config.json ]; then
@@ -47,7 +55,8 @@ fi
 # What only the tests need: a Docker engine with the CPU images (tests/test_e2e_docker.py), Slurm,
 # headless Chromium (tests/test_report_browser.py opens report.html in it), and the GitHub
 # Actions schema validator (tests/test_workflow.py).
-bash scripts/setup-docker.sh
+await vllm-previous
+await docker  # before the apt-get installs below: apt allows one at a time
 bash scripts/slurm.sh install  # tests/test_e2e_slurm.py starts and stops a two-node Slurm of its own
 install_chromium() {
   apt-get update
