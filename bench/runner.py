@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from bench.core.config import Config, ConfigError
-from bench.core.judge import judge, judge_run, run_counts
+from bench.core.judge import judge, observed, run_counts
 from bench.core.logfacts import log_facts
 from bench.core.matrix import Cell, expand
 from bench.core.perf import run_perf
 from bench.core.records import (
     Devices,
+    Finding,
     PreflightRecord,
     Reason,
     RequestRecord,
@@ -46,7 +47,6 @@ from bench.core.records import (
 from bench.core.results import plan_for
 from bench.core.stats import verdict_settled
 from bench.core.stop import Stopped, StopToken
-from bench.core.tokens import comparator_for
 from bench.serve.client import run_workload, score_reference
 from bench.serve.errors import BootError
 from bench.serve.launch import server_env
@@ -56,7 +56,7 @@ from bench.serve.metrics import ScrapeError, delta, scrape
 from bench.serve.protocols import Launcher
 from bench.serve.slots import SlotPool
 from bench.store.publish import Published, write_reports
-from bench.store.results import ResultsDir, log_tail, read_log, read_log_bytes
+from bench.store.results import ResultsDir, read_log_bytes
 from bench.weights.checkpoint import safetensors_bytes
 from bench.weights.hub import resolve_models
 from bench.weights.preflight import preflight
@@ -68,8 +68,9 @@ _POLL_S = 0.2
 class Progress(Protocol):
     def start(self, total_runs: int) -> None: ...
     def status(self, text: str) -> None: ...
-    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None:
-        """`divergence`: where the run's outputs differ from its baseline cell's ([] when they
+    def run_done(self, record: RunRecord, findings: list[Finding], divergence: list[TokenDiff] | None) -> None:
+        """`findings`: the run's own, as the judge made them (bench.core.judge.observed).
+        `divergence`: where the run's outputs differ from its baseline cell's ([] when they
         match or the cell has no baseline); None while the baseline has no clean run to compare
         with, so a run without findings of its own cannot be called a pass yet."""
 
@@ -77,7 +78,7 @@ class Progress(Protocol):
 class NoProgress:
     def start(self, total_runs: int) -> None: ...
     def status(self, text: str) -> None: ...
-    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None: ...
+    def run_done(self, record: RunRecord, findings: list[Finding], divergence: list[TokenDiff] | None) -> None: ...
 
 
 def run_divergence(cell: Cell, record: RunRecord, results: ResultsDir) -> list[TokenDiff] | None:
@@ -110,8 +111,9 @@ def run_one(
     config: Config, cell: Cell, repeat: int, launcher: Launcher, results: ResultsDir,
     status: Callable[[str], None], devices: Devices | None = None, stop: StopToken | None = None,
 ) -> RunRecord:
-    """One fresh server: boot, send the workload, stop, judge, record. When `stop` is set
-    meanwhile the server is taken down and the run is recorded as interrupted (not judged)."""
+    """One fresh server: boot, send the workload, stop, record what was observed (the judge
+    makes the findings from it). When `stop` is set meanwhile the server is taken down and the
+    run is recorded as interrupted (never judged)."""
     stop = stop or StopToken()
     run_dir = results.run_dir(cell.id, repeat)
     if cell.profile.unified_memory:
@@ -154,15 +156,11 @@ def run_one(
         # the run is recorded if it can be.
         outcome = server.outcome
         log = Path(outcome.log_path)
-        findings = []
-        if not interrupted:
-            shutdown = read_log(log, outcome.stop_requested_at_byte or 0) if outcome.boot_s is not None else ""
-            findings = judge_run(outcome, requests, cell.workload, shutdown, log_tail(log), reference, probe, metrics,
-                                 comparator_for(cell.comparison.mode, cell.comparison.top_k))
+        # What was observed, no more: the judge makes the findings (bench.core.judge.judge).
         record = RunRecord(
             cell_id=cell.id, repeat=repeat,
             server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
-            requests_s=requests_s, reference=reference, findings=findings, interrupted=interrupted,
+            requests_s=requests_s, reference=reference, interrupted=interrupted,
             perf=_perf(config, cell, outcome, requests, requests_s, metrics),
         )
         results.add_run(record)
@@ -283,7 +281,7 @@ class Schedule:
     """The runs still to do, in matrix order, and early stop: thread-safe."""
 
     def __init__(self, config: Config, cells: list[Cell], done: frozenset[tuple[str, int]],
-                 earlier: list[RunRecord], status: Callable[[str], None],
+                 earlier: list[tuple[RunRecord, list[Finding]]], status: Callable[[str], None],
                  settled: Callable[[int, int, int], bool] | None = None):
         # settled(failures, runs, planned): enough repeats of a cell; the config's early stop by default.
         self.settled = settled or (verdict_settled if config.early_stop else None)
@@ -295,14 +293,15 @@ class Schedule:
         # Cells whose image cannot run on this host (its architecture): said once, by their
         # first run; more repeats would only say it again.
         self.unrunnable: set[str] = set()
-        for r in earlier:
-            self._note(r)
+        for r, findings in earlier:
+            self._note(r, findings)
         self.lock = threading.Lock()
 
-    def _note(self, record: RunRecord) -> None:
-        if any(f.reason == Reason.NOT_RUNNABLE for f in record.findings):
+    def _note(self, record: RunRecord, findings: list[Finding]) -> None:
+        """`findings`: the run's own, as the judge made them (bench.core.judge.observed)."""
+        if any(f.reason == Reason.NOT_RUNNABLE for f in findings):
             self.unrunnable.add(record.cell_id)
-        counts = run_counts(record)
+        counts = run_counts(findings)
         if counts is not None:  # None: only the baseline can tell, at the end
             self.failed.setdefault(record.cell_id, []).append(counts)
 
@@ -320,10 +319,10 @@ class Schedule:
                 return cell, repeat
         return None
 
-    def record(self, record: RunRecord) -> None:
+    def record(self, record: RunRecord, findings: list[Finding]) -> None:
         with self.lock:
             if not record.interrupted:
-                self._note(record)
+                self._note(record, findings)
 
 
 class Workers:
@@ -380,10 +379,11 @@ class Workers:
                 record = self._run(*job)
                 if record is None:
                     continue
-                self.schedule.record(record)
+                findings = observed(self.results.data, job[0], record)
+                self.schedule.record(record, findings)
                 diverged = run_divergence(job[0], record, self.results)
                 with self.reporting:
-                    self.progress.run_done(record, diverged)
+                    self.progress.run_done(record, findings, diverged)
         except BaseException as exc:
             self.errors.append(exc)
             self.stop.stop(f"a worker failed: {exc}")
@@ -452,7 +452,9 @@ def run_matrix(
         return finish(results, started, True)
     pools = device_pools(config, cells, locks)
     interrupted = False
-    schedule = Schedule(config, cells, done, data.runs, progress.status, settled)
+    by_id = {c.id: c for c in cells}
+    earlier = [(r, observed(data, by_id[r.cell_id], r)) for r in data.runs if r.cell_id in by_id]
+    schedule = Schedule(config, cells, done, earlier, progress.status, settled)
     workers = Workers(config, schedule, pools, launcher, results, progress, stop)
     try:
         progress.start(schedule.total)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.core.config import parse_config  # noqa: E402
 from bench.core.judge import judge  # noqa: E402
-from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome  # noqa: E402
+from bench.core.records import RequestRecord, RunRecord, ServerOutcome  # noqa: E402
 from bench.store.publish import write_reports  # noqa: E402
 from bench.store.results import ResultsDir  # noqa: E402
 
@@ -61,12 +61,8 @@ def generate(root: Path, n_requests: int) -> ResultsDir:
             drifting = (model, fmt, image) == ("qwen", "safetensors", "tag-n1")
             for repeat in range(1, repeats + 1):
                 bad = broken and repeat % 8 != 0
-                findings = []
-                log_path = "server.log"
-                if bad:
-                    findings.append(Finding(reason="empty_text", detail="p00: empty text", prompt_id="p00"))
-                if crashy and repeat % 5 == 0:
-                    findings.append(Finding(reason="exit_exception", detail="RuntimeError: boom"))
+                log_path = "server.log"  # none there: the judge reads no log for the run
+                if crashy and repeat % 5 == 0:  # an exception at exit in the server log
                     run_dir = results.run_dir(cell, repeat)
                     (run_dir / "server.log").write_text(LOG)
                     log_path = str((run_dir / "server.log").relative_to(results.path))
@@ -82,8 +78,8 @@ def generate(root: Path, n_requests: int) -> ResultsDir:
                 outcome = ServerOutcome(command=["vllm", "serve"], port=8000, log_path=log_path,
                                         started_at=repeat * 70.0, boot_s=60.0 + repeat % 7, exit_code=0,
                                         stop_requested_at_byte=STOP_AT, shutdown_s=2.0)
-                runs.write(RunRecord(cell_id=cell, repeat=repeat, server=outcome, requests_s=5.0,
-                                     findings=findings).model_dump_json() + "\n")
+                runs.write(RunRecord(cell_id=cell, repeat=repeat, server=outcome,
+                                     requests_s=5.0).model_dump_json() + "\n")
     return results
 
 

@@ -2,7 +2,8 @@
 # The lint, type and import gate (run by scripts/test.sh before the tests): ruff on bench/, faults/ and
 # tests/ and mypy on bench/, with the rules and settings in pyproject.toml, and import-linter's
 # contracts (the core imports no I/O layer; each stage only the stages below it), and that
-# docs/matrix.md's generated key reference matches the config models (scripts/matrix_reference.py).
+# docs/matrix.md's generated key reference matches the config models (scripts/matrix_reference.py),
+# and docs/judged.md's findings table the taxonomy in bench/core/verdicts.py (scripts/judged_reference.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check --output-format concise bench tests faults
@@ -11,4 +12,5 @@ cd "$(dirname "$0")/.."
 .venv/bin/lint-imports --no-cache | grep -E "KEPT|BROKEN|^- |^    |Contracts:"
 # docs/matrix.md's key reference against the config models' field descriptions.
 .venv/bin/python scripts/matrix_reference.py --check
-echo "lint: ruff, mypy, import contracts and the matrix reference pass"
+.venv/bin/python scripts/judged_reference.py --check
+echo "lint: ruff, mypy, import contracts, the matrix reference and the findings reference pass"

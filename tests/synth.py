@@ -23,7 +23,7 @@ def matrix(images: tuple[str, ...] = ("img",), repeats: int = 2, prompts: tuple[
         "images": [{"name": i, "python": sys.executable} for i in images],
         "baseline": "safetensors",
         "repeats": repeats,
-        "workload": {"prompts": [{"id": p, "prompt": "hi"} for p in prompts]},
+        "workload": {"prompts": [{"id": p, "prompt": f"Write some {p}"} for p in prompts]},
     }
 
 
@@ -37,23 +37,26 @@ def add_run(
     repeat: int,
     *,
     prompts: tuple[str, ...] = PROMPTS,
-    ids: list[int] | None = None,
+    ids: list[int] | dict[str, list[int]] | None = None,
     text: str = "def f(x):\n    return x",
-    findings: list[Finding] | None = None,
     log: str | bytes | None = None,
     boot_s: float | None = 40.0,
     latency_s: float = 0.5,
     stop_at: int | None = None,
     **outcome,
 ) -> RunRecord:
-    """One run of a cell: a request per prompt (unless it never booted), its run record, its log."""
+    """One run of a cell as the runner records it: a request per prompt (unless it never booted;
+    `ids`: every request's token ids, or by prompt),
+    its run record, its log. What is wrong with it, the judge finds there (`findings` are never
+    recorded); `outcome`: ServerOutcome fields, e.g. exit_code=1, killed=True."""
     run_dir = results.run_dir(cell_id, repeat)
     log_path = run_dir / "server.log"
     data = log if log is not None else "INFO started\nINFO serving\n"
     log_path.write_bytes(data.encode() if isinstance(data, str) else data)
     if boot_s is not None:
         for i, prompt in enumerate(prompts):
-            token_ids = list(GOOD_IDS if ids is None else ids)
+            given = ids.get(prompt) if isinstance(ids, dict) else ids
+            token_ids = list(GOOD_IDS if given is None else given)
             results.add_request(RequestRecord(
                 cell_id=cell_id, repeat=repeat, prompt_id=prompt, api="completion", stream=False,
                 started_at=1000.0 + repeat, latency_s=latency_s + 0.1 * i, status=200, text=text,
@@ -61,11 +64,10 @@ def add_run(
             ))
     server = ServerOutcome(
         command=["vllm", "serve"], port=8000, log_path=str(log_path.relative_to(results.path)),
-        started_at=1000.0 + repeat * 60, boot_s=boot_s, exit_code=0 if boot_s is not None else 1,
-        stop_requested_at_byte=stop_at, shutdown_s=2.0, **outcome,
+        started_at=1000.0 + repeat * 60, boot_s=boot_s,
+        stop_requested_at_byte=stop_at, shutdown_s=2.0, **{"exit_code": 0 if boot_s is not None else 1, **outcome},
     )
-    record = RunRecord(cell_id=cell_id, repeat=repeat, server=server, requests_s=1.5 if boot_s else None,
-                       findings=findings or [])
+    record = RunRecord(cell_id=cell_id, repeat=repeat, server=server, requests_s=1.5 if boot_s else None)
     results.add_run(record)
     return record
 
@@ -89,6 +91,7 @@ def healthy(root: Path, run_id: str, images: tuple[str, ...] = ("img",), repeats
     return results
 
 
+# What the judge finds in such a run first (a finding for tests of what reads findings).
 EMPTY = Finding(reason="empty_text", detail="code: empty text (128 tokens, finish_reason length)", prompt_id="code")
 
 
@@ -102,8 +105,7 @@ def streamer_bug(root: Path, run_id: str, images: tuple[str, ...] = ("img",), re
         for repeat in range(1, repeats + 1):
             add_run(results, f"m__safetensors__cpu__{image}", repeat)
             if repeat in failing:
-                add_run(results, f"m__runai_streamer__cpu__{image}", repeat, ids=[0] * 128, text="",
-                        findings=[EMPTY])
+                add_run(results, f"m__runai_streamer__cpu__{image}", repeat, ids=[0] * 128, text="")
             else:
                 add_run(results, f"m__runai_streamer__cpu__{image}", repeat)
     return results
@@ -157,7 +159,7 @@ def releases(root: Path, run_id: str, images: dict[str, str], failing: tuple[str
         for cell in cells:
             for repeat in range(1, repeats + 1):
                 if image in failing and "__runai_streamer__" in cell:
-                    add_run(results, cell, repeat, ids=[0] * 128, text="", findings=[EMPTY])
+                    add_run(results, cell, repeat, ids=[0] * 128, text="")
                 else:
                     add_run(results, cell, repeat)
     return results

@@ -23,7 +23,7 @@ def test_healthy_then_failing_is_a_regression(tmp_path, capsys):
     assert "cells matched by cell id" in out
     assert f"REGRESSION  {CELL}: PASS 0/2 (0–66 %) → FAIL 2/2 (34–100 %)" in out
     assert "verdict pass → fail" in out
-    assert "new failure reasons: divergence, empty_text" in out
+    assert "new failure reasons: degenerate, divergence, empty_text, usage_text_mismatch" in out
     assert "runai_model_streamer 0.17.0 → 0.16.0" in out
     assert "1 regression in 2 matched cells" in out
 
@@ -42,7 +42,7 @@ def test_a_fix_is_an_improvement_not_a_regression(tmp_path, capsys):
     assert main(["compare", str(a.path), str(b.path)]) == 0
     out = capsys.readouterr().out
     assert f"improved    {CELL}: FAIL 2/2 (34–100 %) → PASS 0/2 (0–66 %)" in out
-    assert "reasons gone: divergence, empty_text" in out
+    assert "reasons gone: degenerate, divergence, empty_text, usage_text_mismatch" in out
 
 
 def test_pass_to_flaky_is_a_regression(tmp_path):
@@ -59,8 +59,10 @@ def test_new_failure_reason_on_an_already_failing_cell_is_a_regression(tmp_path)
     b2 = synth.create(tmp_path, "b2", synth.matrix(repeats=2))
     for repeat in (1, 2):
         synth.add_run(b2, "m__safetensors__cpu__img", repeat)
-        synth.add_run(b2, CELL, repeat, ids=[0] * 128, text="", findings=[
-            synth.EMPTY, *([synth.Finding(reason="exit_exception", detail="Traceback")] if repeat == 2 else [])])
+        # Repeat 2's server log: an exception after the stop request (the bytes before it: serving).
+        serving = "INFO started\nINFO serving\n"
+        log = serving + ("Traceback (most recent call last):\n  File \"x\"\nRuntimeError: at exit\n" if repeat == 2 else "")
+        synth.add_run(b2, CELL, repeat, ids=[0] * 128, text="", log=log, stop_at=len(serving))
     result = compare(load_side(a.path), load_side(b2.path))
     (reg,) = result.regressions
     assert reg.new_reasons == ["exit_exception"] and reg.a_verdict == reg.b_verdict == "fail"
@@ -89,10 +91,8 @@ def test_output_divergence_per_prompt_is_reported(tmp_path):
     a = synth.healthy(tmp_path, "a")
     b = synth.create(tmp_path, "b", synth.matrix(repeats=1))
     changed = [*synth.GOOD_IDS[:5], 1, *synth.GOOD_IDS[6:]]
-    synth.add_run(b, "m__safetensors__cpu__img", 1, prompts=("code",), ids=changed)
-    synth.add_run(b, "m__safetensors__cpu__img", 1, prompts=("prose",))
-    synth.add_run(b, CELL, 1, prompts=("code",), ids=changed)
-    synth.add_run(b, CELL, 1, prompts=("prose",))
+    synth.add_run(b, "m__safetensors__cpu__img", 1, ids={"code": changed})
+    synth.add_run(b, CELL, 1, ids={"code": changed})
     result = compare(load_side(a.path), load_side(b.path))
     assert not result.regressions  # numerics may change with an image; the verdicts did not
     outputs = {(c.a_id, o.prompt_id): (o.status, o.position) for c in result.cells for o in c.outputs}

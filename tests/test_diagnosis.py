@@ -239,8 +239,8 @@ def test_the_noise_of_a_normal_shutdown_is_not_evidence_but_the_same_error_while
         results = synth.create(tmp_path, run_id, synth.matrix(repeats=1))
         synth.fingerprint(results, "img", runai_model_streamer="0.16.0")
         synth.add_run(results, "m__safetensors__cpu__img", 1)
-        synth.add_run(results, "m__runai_streamer__cpu__img", 1, ids=[0] * 128, text="", findings=[synth.EMPTY],
-                      log=text, stop_at=at)
+        synth.add_run(results, "m__runai_streamer__cpu__img", 1, ids=[0] * 128, text="", log=text,
+                      stop_at=at)
         regenerate(results.path)
         (d,) = json.loads((results.path / "diagnosis.json").read_text())["cells"]
         dead = [line for line in d["log_evidence"] if "EngineDeadError" in line]

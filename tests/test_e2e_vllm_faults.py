@@ -130,7 +130,7 @@ def test_an_exception_at_interpreter_exit_of_real_vllm_is_caught(tmp_path, fault
     assert p.returncode == 1, output
     assert left == []
     assert cell is not None and cell.reasons == {"exit_exception": 1}, cell  # requests were fine, the exit was not
-    (run,) = [RunRecord.model_validate_json(x) for x in (tmp_path / "res" / "r" / "runs.jsonl").read_text().splitlines()]
+    (run,) = cell.run_results
     assert any("UnicodeDecodeError" in f.detail for f in run.findings)
     # Named for what it is: a symptom that accompanied #38991, not its cause.
     (d,) = Diagnosis.model_validate_json((tmp_path / "res" / "r" / "diagnosis.json").read_text()).cells

@@ -132,20 +132,20 @@ def _req(cell_id: str, ids: list[int], top: int | None = None) -> RequestRecord:
 
 
 def _run(cell_id: str) -> RunRecord:
-    return RunRecord(cell_id=cell_id, repeat=1, server=outcome(), findings=[])
+    return RunRecord(cell_id=cell_id, repeat=1, server=outcome())
 
 
 def test_a_knob_that_changes_a_token_breaks_invariance_with_both_sides_named(minimal):
     minimal["comparison"] = {"mode": "exact"}
     cells = expand(parse_config(with_knobs(minimal, "serial")))
     base, serial = cells[0], cells[-1]
-    reference = Baseline(outputs=reference_outputs([_run(base.id)], [_req(base.id, list(range(16)))]))
+    reference = Baseline(outputs=reference_outputs([_run(base.id)], [_req(base.id, list(range(16)))], {}))
     changed = [_req(serial.id, [0, 1, 2, 99, *range(4, 16)])]
-    summary = judge_cell(serial, [_run(serial.id)], changed, reference, comparator_for("exact"))
+    summary = judge_cell(serial, [_run(serial.id)], changed, {}, reference, comparator_for("exact"))
     assert summary.verdict == "fail" and summary.reasons == {Reason.INVARIANCE_BROKEN: 1}
     assert summary.knob == "serial" and summary.knob_changes == "concurrency 1"
     assert summary.invariance_broken == "p: with serial differs from the same cell without it at token 3"
-    same = judge_cell(serial, [_run(serial.id)], [_req(serial.id, list(range(16)))], reference, comparator_for("exact"))
+    same = judge_cell(serial, [_run(serial.id)], [_req(serial.id, list(range(16)))], {}, reference, comparator_for("exact"))
     assert same.verdict == "pass" and same.invariance_broken is None
 
 
@@ -153,11 +153,11 @@ def test_under_the_tolerant_rule_a_token_in_the_other_sides_top_k_holds(minimal)
     cells = expand(parse_config(with_knobs(minimal, "serial")))
     base, serial = cells[0], cells[-1]
     ids = list(range(16))
-    reference = Baseline(outputs=reference_outputs([_run(base.id)], [_req(base.id, ids, top=99)]))
+    reference = Baseline(outputs=reference_outputs([_run(base.id)], [_req(base.id, ids, top=99)], {}))
     swapped = [_req(serial.id, [0, 1, 2, 99, *range(4, 16)], top=3)]
-    assert judge_cell(serial, [_run(serial.id)], swapped, reference, comparator_for("logprobs", 5)).verdict == "pass"
+    assert judge_cell(serial, [_run(serial.id)], swapped, {}, reference, comparator_for("logprobs", 5)).verdict == "pass"
     outside = [_req(serial.id, [0, 1, 2, 98, *range(4, 16)], top=3)]
-    broken = judge_cell(serial, [_run(serial.id)], outside, reference, comparator_for("logprobs", 5))
+    broken = judge_cell(serial, [_run(serial.id)], outside, {}, reference, comparator_for("logprobs", 5))
     assert broken.reasons == {Reason.INVARIANCE_BROKEN: 1}
     assert "vs without serial (id 3" in broken.invariance_broken
 
@@ -225,14 +225,13 @@ def test_compare_across_image_tags_matches_each_knobs_cell_with_the_same_knobs(m
 
 
 def test_a_knob_is_compared_with_the_cell_without_it_as_it_answered_even_when_that_cell_failed(minimal):
-    from bench.core.verdicts import Finding, Note
-
     from .test_judge import summarize_cells
 
     minimal["comparison"] = {"mode": "exact"}
+    minimal["workload"].update(min_tokens=16, max_tokens=16)  # what _req answers
     config = parse_config(with_knobs(minimal, "serial"))
     base, _, serial = expand(config)
-    failed = _run(base.id).model_copy(update={"findings": [Finding(reason="exit_code", evidence=Note(note="x"))]})
+    failed = _run(base.id).model_copy(update={"server": outcome(exit_code=1)})
     batched = [_req(base.id, [0, 1, 2, 99, *range(4, 16)])]  # what a batch-dependent fault answers batched
     alone = [_req(serial.id, list(range(16)))]
     cells = {c.cell_id: c for c in summarize_cells(config, [failed, _run(serial.id)], batched + alone)}

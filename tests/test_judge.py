@@ -155,35 +155,44 @@ def test_first_divergence(ids, ref, pos):
     assert EXACT.first_difference(Output(ids=ids), Output(ids=ref)) == pos
 
 
-def run(repeat: int, findings=(), interrupted=False) -> RunRecord:
-    return RunRecord(cell_id="c", repeat=repeat, server=outcome(), findings=list(findings), interrupted=interrupted)
+def run(repeat: int, interrupted=False, cell_id="c", reference=None, **server) -> RunRecord:
+    """A run as the runner records it: what was observed, never a finding (the judge makes those)."""
+    return RunRecord(cell_id=cell_id, repeat=repeat, server=outcome(**server), reference=reference,
+                     interrupted=interrupted)
+
+
+EXITED = Finding(reason="exit_code", detail="x")
 
 
 def test_cell_verdicts_and_divergence_from_baseline(minimal):
     config = parse_config(minimal)
     cells = expand(config)
     _base_cell, cell = cells
-    base_runs = [run(1, [Finding(reason="exit_code", detail="x")]), run(2)]
+    base_runs = [run(1), run(2)]
     base_reqs = [req(repeat=1, token_ids=[9] * 128), req(repeat=2, token_ids=list(range(128)))]
-    reference = Baseline(outputs=reference_outputs(base_runs, base_reqs))
+    # judge_cell's `own`: each run's own findings, by repeat, as judge() makes them (run_findings).
+    reference = Baseline(outputs=reference_outputs(base_runs, base_reqs, {1: [EXITED], 2: []}))
     assert reference.outputs == {"p": Output(ids=list(range(128)))}  # from the first clean run only
 
-    same = judge_cell(cell, [run(1), run(2)], [req(repeat=1), req(repeat=2)], reference)
+    same = judge_cell(cell, [run(1), run(2)], [req(repeat=1), req(repeat=2)], {}, reference)
     assert (same.verdict, same.failures, same.runs) == ("pass", 0, 2)
 
     bad = [req(repeat=1), req(repeat=2, token_ids=[7, *list(range(1, 128))])]
-    flaky = judge_cell(cell, [run(1), run(2)], bad, reference)
+    flaky = judge_cell(cell, [run(1), run(2)], bad, {}, reference)
     assert (flaky.verdict, flaky.failures) == ("flaky", 1)
     assert flaky.reasons == {"divergence": 1} and flaky.divergence_positions == [0]
+    # The run's result carries the finding itself, with its evidence, beside the reason.
+    (second,) = [r for r in flaky.run_results if r.repeat == 2]
+    assert [f.evidence.position for f in second.findings] == [0] and second.beside_divergence == []
 
     empty = [Finding(reason="empty_text", detail="p: empty")]
-    broken = judge_cell(cell, [run(1, empty), run(2, empty)], [], None)
+    broken = judge_cell(cell, [run(1), run(2)], [], {1: empty, 2: empty}, None)
     assert broken.verdict == "fail" and broken.reasons == {"empty_text": 2}
 
 
 def test_interrupted_runs_are_not_judged(minimal):
     cell = expand(parse_config(minimal))[0]
-    s = judge_cell(cell, [run(1, interrupted=True)], [], None)
+    s = judge_cell(cell, [run(1, interrupted=True)], [], {1: [EXITED]}, None)
     assert s.verdict == "not run" and s.runs == 0
 
 
@@ -198,7 +207,7 @@ def test_lost_weights_fail_a_cell_even_when_its_runs_pass(minimal):
 
     cell = expand(parse_config(minimal))[1]
     runs = [run(1), run(2)]
-    passing = judge_cell(cell, runs, [req(repeat=1), req(repeat=2)], None)
+    passing = judge_cell(cell, runs, [req(repeat=1), req(repeat=2)], {}, None)
     assert passing.verdict == "pass"
     audit = PreflightRecord(kind="audit", model="m", image="img", load_format="runai_streamer", ok=False, lost=21,
                             problems=["order=listing loader=streamer: 0/21 tensors delivered"])
@@ -215,10 +224,10 @@ def test_repeats_that_ran_different_images_are_flagged(minimal):
     runs = [run(1), run(2)]
     runs = [r.model_copy(update={"server": r.server.model_copy(update={"image_id": f"sha256:{i}"})})
             for i, r in enumerate(runs)]
-    s = apply_cell_checks(judge_cell(cell, runs, [], None), runs, None)
+    s = apply_cell_checks(judge_cell(cell, runs, [], {}, None), runs, None)
     assert s.verdict == "flaky" and s.reasons == {"fingerprint_changed": 2}
     same = [r.model_copy(update={"server": r.server.model_copy(update={"image_id": "sha256:0"})}) for r in runs]
-    assert apply_cell_checks(judge_cell(cell, same, [], None), same, None).verdict == "pass"
+    assert apply_cell_checks(judge_cell(cell, same, [], {}, None), same, None).verdict == "pass"
 
 
 def test_findings_carry_evidence_a_program_can_read(workload):
@@ -311,17 +320,21 @@ def test_an_exception_ignored_in_an_atexit_callback_is_one_episode_headed_by_its
     assert "Exception ignored in atexit callback" in f.detail and "Traceback" in f.detail
 
 
-def _missed(prompt: str = "p", answer: str = "L'Étoile") -> Finding:
-    from bench.core.verdicts import ExpectationMissed
-
-    return Finding(reason=Reason.EXPECTATION_FAILED, prompt_id=prompt,
-                   evidence=ExpectationMissed(expected="contains 'Paris'", answer=answer))
+def _knows_paris(minimal: dict) -> None:
+    """Prompt p has a known answer (Paris)."""
+    minimal["workload"]["prompts"][0]["expect"] = {"contains": "Paris"}
 
 
-def _ceiling(nll: float = 7.67) -> Finding:
-    from bench.core.verdicts import ReferenceLikelihood
+def _missed(cell_id: str, repeat: int = 1, **kw) -> RequestRecord:
+    """An answer to p that misses its known answer (with _knows_paris), healthy otherwise."""
+    return req(cell_id=cell_id, repeat=repeat, text="L'Étoile " + "x" * 300, **kw)
 
-    return Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(mean_nll=nll, tokens=50, max_mean_nll=6.0))
+
+def _ceiling(nll: float = 7.67):
+    """A reference score above the default ceiling (6.0)."""
+    from bench.core.records import ReferenceScore
+
+    return ReferenceScore(mean_nll=nll, tokens=50)
 
 
 def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal):
@@ -330,12 +343,12 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
     from bench.core.records import Summary
     from bench.report.summary import markdown
 
+    _knows_paris(minimal)
     config = parse_config(minimal)
     cells = expand(config)
     base_cell, cell = cells
-    runs = [run(1, [_missed()]).model_copy(update={"cell_id": base_cell.id}),
-            run(1, [_missed()]).model_copy(update={"cell_id": cell.id})]
-    reqs = [req(cell_id=base_cell.id), req(cell_id=cell.id)]
+    runs = [run(1, cell_id=base_cell.id), run(1, cell_id=cell.id)]
+    reqs = [_missed(base_cell.id), _missed(cell.id)]
     base, other = summarize_cells(config, runs, reqs)
     for s in (base, other):
         assert (s.verdict, s.failures, s.reasons) == ("pass", 0, {})
@@ -349,14 +362,14 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
     assert "## Probes that did not hold" in md and "holds in no judged cell" in md
 
     # The same miss with a divergence on that prompt is corroborated: counted.
-    diverging = [req(cell_id=base_cell.id), req(cell_id=cell.id, token_ids=[7, *list(range(1, 128))])]
+    diverging = [_missed(base_cell.id), _missed(cell.id, token_ids=[7, *list(range(1, 128))])]
     base, other = summarize_cells(config, runs, diverging)
     assert base.verdict == "pass" and other.verdict == "fail"
     assert set(other.reasons) == {Reason.EXPECTATION_FAILED, Reason.DIVERGENCE} and other.unconfirmed_probes == []
 
     # A miss the baseline does not share is always counted.
-    runs_ok_base = [run(1).model_copy(update={"cell_id": base_cell.id}), runs[1]]
-    base, other = summarize_cells(config, runs_ok_base, reqs)
+    answers_paris = [req(cell_id=base_cell.id, text="Paris " + "x" * 300), _missed(cell.id)]
+    base, other = summarize_cells(config, runs, answers_paris)
     assert base.verdict == "pass" and base.unconfirmed_probes == []
     assert other.verdict == "fail" and other.reasons == {Reason.EXPECTATION_FAILED: 1}
     md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
@@ -365,13 +378,13 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
 
 
 def test_the_baseline_misses_a_known_answer_with_other_evidence_it_counts(minimal):
+    _knows_paris(minimal)
     config = parse_config(minimal)
     cells = expand(config)
     base_cell = cells[0]
 
-    corroborated = [run(1, [_missed(), _ceiling()]), run(2, [_missed(), Finding(reason="exit_code", detail="x")])]
-    runs = [r.model_copy(update={"cell_id": base_cell.id}) for r in corroborated]
-    (base, _other) = summarize_cells(config, runs, [])
+    runs = [run(1, cell_id=base_cell.id, reference=_ceiling()), run(2, cell_id=base_cell.id, exit_code=1)]
+    (base, _other) = summarize_cells(config, runs, [_missed(base_cell.id, 1), _missed(base_cell.id, 2)])
     # Run 1: the two probes corroborate each other. Run 2: an exit code says nothing of the
     # answer, so that miss is set aside while the exit code counts.
     assert base.verdict == "fail"
@@ -383,22 +396,21 @@ def test_a_reference_ceiling_a_random_model_never_meets_does_not_erase_the_contr
     # Measured: the tiny random model scores 7.67 nats/token, above the default ceiling of 6.0, in
     # its healthy safetensors baseline; the broken cell's reference probe fails outright.
     from bench.core.contrast import contrast
-    from bench.core.verdicts import ReferenceLikelihood
+    from bench.core.records import ReferenceScore
 
     config = parse_config(minimal)
     cells = expand(config)
     base_cell, cell = cells
-    broken = Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(
-        mean_nll=None, tokens=50, error="HTTP 400: Out of range float values are not JSON compliant"))
-    runs = [run(1, [_ceiling()]).model_copy(update={"cell_id": base_cell.id}),
-            run(1, [Finding(reason="empty_text", detail="p: empty"), broken]).model_copy(update={"cell_id": cell.id})]
-    base, other = summarize_cells(config, runs, [])
+    broken = ReferenceScore(mean_nll=None, tokens=50, error="HTTP 400: Out of range float values are not JSON compliant")
+    runs = [run(1, cell_id=base_cell.id, reference=_ceiling()), run(1, cell_id=cell.id, reference=broken)]
+    base, other = summarize_cells(config, runs, [req(cell_id=base_cell.id), req(cell_id=cell.id, text="")])
     assert base.verdict == "pass" and [n.reason for n in base.unconfirmed_probes] == [Reason.REFERENCE_NLL]
-    assert other.verdict == "fail" and other.reasons == {Reason.EMPTY_TEXT: 1, Reason.REFERENCE_NLL: 1}
+    assert other.verdict == "fail" and other.reasons == {Reason.EMPTY_TEXT: 1, Reason.REFERENCE_NLL: 1,
+                                                         Reason.USAGE_TEXT_MISMATCH: 1}
     (c,) = contrast([base, other])
     assert c.only_with == {"load_format": "runai_streamer"}
     # A cell whose score only shares the baseline's ceiling miss, with no drift, is not blamed.
-    same = [runs[0], run(1, [_ceiling(7.7)]).model_copy(update={"cell_id": cell.id})]
+    same = [runs[0], run(1, cell_id=cell.id, reference=_ceiling(7.7))]
     assert [s.verdict for s in summarize_cells(config, same, [])] == ["pass", "pass"]
 
 
@@ -416,10 +428,11 @@ def test_unconfirmed_probes_are_shown_in_the_html_report(minimal):
     from bench.report.html import html_report
     from bench.report.model import Report
 
+    _knows_paris(minimal)
     config = parse_config(minimal)
     cells = expand(config)
-    runs = [run(1, [_missed()]).model_copy(update={"cell_id": c.id}) for c in cells]
-    summaries = summarize_cells(config, runs, [req(cell_id=c.id) for c in cells])
+    runs = [run(1, cell_id=c.id) for c in cells]
+    summaries = summarize_cells(config, runs, [_missed(c.id) for c in cells])
     html = html_report(Report.of(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
                                          cells=summaries, exit_code=0), runs, [], [], []))
     assert html.count("Probes missed with the baseline, not counted") == 2 and "L&#39;Étoile" in html
@@ -508,3 +521,84 @@ def test_a_streamed_answer_that_lost_its_tail_is_caught_without_a_twin(workload)
     assert judge_request(cut.model_copy(update={"logprobs": split}), workload) == []
     # ... or one the stream rendered as U+FFFD where its bytes said nothing (the tiny random model).
     assert judge_request(real.model_copy(update={"text": "\ufffd" + real.text}), workload) == []
+
+
+def test_a_folder_written_before_a_rule_existed_is_judged_by_it_now(tmp_path):
+    """A results folder as regbench wrote it when each run was judged once, at its end, and its
+    findings frozen into runs.jsonl; then, no rule compared a streamed answer's text with its
+    tokens' own bytes (stream_text_mismatch). Judged again today, that rule applies to it. What
+    only the server log could tell (an exception at exit) stands as recorded where the log is gone."""
+    import json
+
+    from bench.cli import main
+    from bench.core.verdicts import ExitEpisode
+
+    from . import synth
+
+    real = RequestRecord.model_validate_json(RECORDED_STREAM.read_text())
+    spec = synth.matrix(repeats=2, prompts=("germany",))
+    spec["workload"].update(min_tokens=real.completion_tokens, max_tokens=real.completion_tokens)
+    spec["workload"]["prompts"] = [{"id": "germany", "kind": "chat", "stream": True,
+                                    "messages": [{"role": "user", "content": "The capital of Germany?"}]}]
+    results = synth.create(tmp_path, "old", spec)
+    base, cell = "m__safetensors__cpu__img", "m__runai_streamer__cpu__img"
+    lost_tail = real.text[: -len(real.logprobs[-1].text)]
+    exited = Finding(reason=Reason.EXIT_EXCEPTION, evidence=ExitEpisode(
+        episode="Traceback (most recent call last):\nRuntimeError: at exit", line=9, exception="RuntimeError: at exit"))
+    lines = []
+    for cell_id in (base, cell):
+        for repeat in (1, 2):
+            text = lost_tail if (cell_id, repeat) == (cell, 1) else real.text
+            results.add_request(real.model_copy(update={"cell_id": cell_id, "repeat": repeat, "text": text}))
+            recorded = [exited] if (cell_id, repeat) == (cell, 2) else []  # all its judge knew then
+            lines.append(RunRecord(cell_id=cell_id, repeat=repeat, server=outcome(log_path=f"gone/{cell_id}-{repeat}.log"),
+                                   findings=recorded).model_dump_json())
+    (results.path / "runs.jsonl").write_text("\n".join(lines) + "\n")
+
+    assert main(["report", str(results.path)]) == 1
+    cells = {c["cell_id"]: c for c in json.loads((results.path / "summary.json").read_text())["cells"]}
+    assert cells[base]["verdict"] == "pass"
+    assert cells[cell]["reasons"] == {"exit_exception": 1, "stream_text_mismatch": 1}
+    assert [r["reasons"] for r in cells[cell]["run_results"]] == [["stream_text_mismatch"], ["exit_exception"]]
+
+
+def test_report_under_another_rule_judges_the_twins_by_it_too(tmp_path):
+    """Twins of one run that differ at a token each side ranks in its top 5 agree under the
+    `logprobs` rule the run was judged by; `report --compare-mode exact` judges the same folder
+    by token ids, twins included, and `inconsistent_output` appears."""
+    import json
+
+    from bench.cli import main
+    from bench.core.tokens import TokenLogprobs
+
+    from . import synth
+
+    spec = synth.matrix(repeats=1, prompts=("a", "a-again"))
+    spec["workload"]["prompts"][1]["prompt"] = spec["workload"]["prompts"][0]["prompt"]  # the same question
+    spec["workload"]["prompts"][1]["stream"] = True
+    results = synth.create(tmp_path, "twins", spec)
+
+    def answered(cell_id: str, prompt: str, swapped: bool) -> RequestRecord:
+        ids = list(synth.GOOD_IDS)
+        ids[3], other = (999, ids[3]) if swapped else (ids[3], 999)
+        logprobs = [TokenLogprobs(logprob=-0.1, top=[(i, -0.1), (other if n == 3 else 1, -0.2)])
+                    for n, i in enumerate(ids)]
+        return RequestRecord(cell_id=cell_id, repeat=1, prompt_id=prompt, api="completion", stream=prompt != "a",
+                             started_at=0.0, latency_s=0.1, status=200, text="x" * 300, token_ids=ids,
+                             completion_tokens=128, finish_reason="length", logprobs=logprobs)
+
+    for cell_id in ("m__safetensors__cpu__img", "m__runai_streamer__cpu__img"):
+        results.add_request(answered(cell_id, "a", False))
+        results.add_request(answered(cell_id, "a-again", cell_id.startswith("m__runai")))
+        results.add_run(RunRecord(cell_id=cell_id, repeat=1, server=outcome()))
+
+    def verdicts() -> dict[str, tuple[str, list[str]]]:
+        cells = json.loads((results.path / "summary.json").read_text())["cells"]
+        return {c["cell_id"]: (c["verdict"], sorted(c["reasons"])) for c in cells}
+
+    assert main(["report", str(results.path)]) == 0
+    assert verdicts()["m__runai_streamer__cpu__img"] == ("pass", [])
+    assert main(["report", str(results.path), "--compare-mode", "exact"]) == 1
+    # Its streamed twin differs from the baseline's at that token too (divergence, by ids).
+    assert verdicts()["m__runai_streamer__cpu__img"] == ("fail", ["divergence", "inconsistent_output"])
+    assert verdicts()["m__safetensors__cpu__img"] == ("pass", [])

@@ -181,9 +181,10 @@ def test_a_cell_fails_by_reference_drift_only_against_its_baseline(minimal):
     outcome = ServerOutcome(command=[], port=1, log_path="x", started_at=0, boot_s=1)
     runs = [RunRecord(cell_id=cell.id, repeat=1, server=outcome, reference=ReferenceScore(mean_nll=7.0, tokens=80))]
     probe = ReferenceText(max_mean_nll=None)
-    failing = judge_cell(cell, runs, [], Baseline(mean_nll=3.0), EXACT, probe)
+    own = {1: judge_reference(runs[0].reference, probe)}  # each run's own findings, as judge() makes them
+    failing = judge_cell(cell, runs, [], own, Baseline(mean_nll=3.0), EXACT, probe)
     assert failing.verdict == "fail" and failing.reasons == {Reason.REFERENCE_NLL: 1}
-    assert judge_cell(cell, runs, [], None, EXACT, probe).verdict == "pass"
+    assert judge_cell(cell, runs, [], own, None, EXACT, probe).verdict == "pass"
 
 
 def test_the_finding_reads_back_from_json():

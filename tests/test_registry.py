@@ -187,7 +187,7 @@ class MoveTag:
     def start(self, total_runs: int) -> None: ...
     def status(self, text: str) -> None: ...
 
-    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None:
+    def run_done(self, record: RunRecord, findings: list, divergence: list[TokenDiff] | None) -> None:
         if not self.moved:
             self.moved = True
             self.move()

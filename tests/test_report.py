@@ -7,7 +7,7 @@ import yaml
 
 from bench.cli import main
 from bench.core.config import parse_config
-from bench.core.records import Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.core.records import RequestRecord, RunRecord, ServerOutcome
 from bench.store.results import ResultsDir, log_tail, read_log
 
 
@@ -21,13 +21,14 @@ def test_report_is_derived_from_the_jsonl_alone(tmp_path, minimal):
     results = ResultsDir.create(tmp_path, "run1", config)
     base, cell = "m__safetensors__cpu__img", "m__runai_streamer__cpu__img"
     for repeat in (1, 2):
-        for cid, ids, text in ((base, list(range(128)), "ok"), (cell, [5] * 128, "")):
+        # Repeat 1 of the cell: the seed bug's empty text; repeat 2: text, but another first token.
+        broken = ([5] * 128, "") if repeat == 1 else ([5, *range(1, 128)], "x" * 300)
+        for cid, (ids, text) in ((base, (list(range(128)), "x" * 300)), (cell, broken)):
             results.add_request(RequestRecord(
                 cell_id=cid, repeat=repeat, prompt_id="p", api="completion", stream=False, started_at=0,
                 latency_s=0.1, status=200, text=text, token_ids=ids, completion_tokens=128, finish_reason="length"))
         results.add_run(RunRecord(cell_id=base, repeat=repeat, server=outcome()))
-        findings = [Finding(reason="empty_text", detail="p: empty text")] if repeat == 1 else []
-        results.add_run(RunRecord(cell_id=cell, repeat=repeat, server=outcome(), findings=findings))
+        results.add_run(RunRecord(cell_id=cell, repeat=repeat, server=outcome()))
 
     assert main(["report", str(results.path)]) == 1
     summary = json.loads((results.path / "summary.json").read_text())
@@ -36,8 +37,8 @@ def test_report_is_derived_from_the_jsonl_alone(tmp_path, minimal):
     assert verdicts == {base: ("pass", 0, 2), cell: ("fail", 2, 2)}
     md = (results.path / "summary.md").read_text()
     # failures/runs with the Wilson 95 % interval of the failure rate.
-    assert (f"| `{cell}` | **FAIL** | 2/2 | 34–100 % | divergence (2/2), empty_text (1/2), "
-            "first divergence at token 0 |") in md
+    assert (f"| `{cell}` | **FAIL** | 2/2 | 34–100 % | degenerate (1/2), divergence (2/2), empty_text (1/2), "
+            "usage_text_mismatch (1/2), first divergence at token 0 |") in md
     assert f"| `{base}` | **PASS** | 0/2 | 0–66 % | - | - | (is baseline) |" in md
 
 

@@ -22,7 +22,6 @@ from bench.cli import main
 from bench.core.config import parse_config
 from bench.core.matrix import expand
 from bench.core.records import RequestRecord, RunRecord, ServerOutcome
-from bench.core.verdicts import ExitEpisode, Finding
 from bench.report.bugreport import trim_lines
 from bench.serve.launch_docker import LABEL
 from bench.serve.launch_local import vllm_argv
@@ -56,18 +55,19 @@ def _spec(python: str = str(VLLM_PYTHON)) -> dict:
     return spec
 
 
-def _run(results, cell, repeat: int, ids: list[int], text: str, findings: list[Finding], log: str) -> RunRecord:
-    """One run as the local launcher records it: its real command line, a request per prompt."""
+def _run(results, cell, repeat: int, ids: list[int], text: str, log: str, stop_at: int | None = None) -> RunRecord:
+    """One run as the local launcher records it: its real command line, a request per prompt,
+    its server log (`stop_at`: where the stop request was made in it)."""
     log_path = results.run_dir(cell.id, repeat) / "server.log"
     log_path.write_text(log)
     for prompt in cell.workload.prompts:
         results.add_request(RequestRecord(
             cell_id=cell.id, repeat=repeat, prompt_id=prompt.id, api=prompt.kind, stream=False, started_at=1000.0,
             latency_s=0.5, status=200, text=text, token_ids=ids, completion_tokens=len(ids), finish_reason="length"))
-    record = RunRecord(cell_id=cell.id, repeat=repeat, findings=findings, requests_s=1.0, server=ServerOutcome(
+    record = RunRecord(cell_id=cell.id, repeat=repeat, requests_s=1.0, server=ServerOutcome(
         command=vllm_argv(cell, cell.server, 8100 + repeat), port=8100 + repeat,
         log_path=str(log_path.relative_to(results.path)), started_at=1000.0 + repeat * 60, boot_s=40.0, exit_code=0,
-        shutdown_s=2.0))
+        shutdown_s=2.0, stop_requested_at_byte=stop_at))
     results.add_run(record)
     return record
 
@@ -85,12 +85,12 @@ def _seed(tmp_path, spec: dict, **fingerprint):
     cells = {c.id: c for c in expand(results.config())}
     leak = " ".join(ENV_SECRETS.values())
     log = STREAM_STOP_LOG.read_text() + f"WARNING 11-30 12:43:09 [config.py:1] falling back to float32 ({leak})\n"
-    episode = ExitEpisode(episode=f"Traceback\nRuntimeError: auth failed for {leak}", line=3,
-                          exception=f"RuntimeError: auth failed for {leak}")
+    at_exit = f"Traceback (most recent call last):\n  File \"x\", line 1\nRuntimeError: auth failed for {leak}\n"
     for repeat in (1, 2):
-        _run(results, cells[BASE], repeat, synth.GOOD_IDS, "def f(x):\n    return x", [], "INFO serving\n")
-        extra = [Finding(reason="exit_exception", evidence=episode)] if repeat == 2 else []
-        _run(results, cells[CELL], repeat, [0] * 128, "", [synth.EMPTY, *extra], log)
+        _run(results, cells[BASE], repeat, synth.GOOD_IDS, "def f(x):\n    return x", "INFO serving\n")
+        # Run 2's server printed an exception after the stop request, with the secrets in it.
+        _run(results, cells[CELL], repeat, [0] * 128, "", log + (at_exit if repeat == 2 else ""),
+             stop_at=len(log.encode()) if repeat == 2 else None)
     return results.path
 
 
@@ -326,3 +326,29 @@ def test_a_huge_collect_env_output_keeps_its_head_and_tail():
     assert cut == 70 and kept[19].startswith("019") and kept[20] == "[… 70 lines cut by regbench …]"
     assert kept[21].startswith("090") and kept[-1].startswith("099") and len(text) <= 3_000 + len(kept[20])
     assert trim_lines("a\nb\n") == ("a\nb", 0)
+
+
+def test_a_knobs_report_shows_the_divergence_its_verdict_found(tmp_path):
+    """A knob's cell is compared with the cell without the knob as that cell answered, even when
+    that cell failed (here: every run exited with code 1). The report's first divergence is the
+    verdict's own, found against that answer."""
+    from bench.store.bugreport import gather_bug_report
+
+    spec = synth.matrix(repeats=2)
+    spec["invariance"] = [{"knobs": ["serial"]}]
+    results = synth.create(tmp_path, "knob", spec)
+    synth.fingerprint(results, "img")
+    base, knob = "m__safetensors__cpu__img", "m__safetensors__cpu__img+serial"
+    batched = [*synth.GOOD_IDS[:7], 5, *synth.GOOD_IDS[8:]]
+    for repeat in (1, 2):
+        synth.add_run(results, base, repeat, ids=batched, exit_code=1)
+        synth.add_run(results, "m__runai_streamer__cpu__img", repeat, ids=batched)
+        synth.add_run(results, knob, repeat)
+    assert main(["report", str(results.path)]) == 1
+    cells = {c["cell_id"]: c for c in json.loads((results.path / "summary.json").read_text())["cells"]}
+    assert cells[base]["reasons"] == {"exit_code": 2}
+    # Both prompts of both runs differ at token 7.
+    assert cells[knob]["reasons"] == {"invariance_broken": 2} and cells[knob]["divergence_positions"] == [7] * 4
+    report, _, _ = gather_bug_report(results.path, knob, "matrix.yaml", collect_env=False)
+    assert report.divergence is not None
+    assert (report.divergence.position, report.divergence.token, report.divergence.baseline_token) == (7, 107, 5)

@@ -11,7 +11,7 @@ from junitparser import Failure, JUnitXml, Skipped
 
 from bench.cli import main
 from bench.core.matrix import expand
-from bench.core.records import Finding
+from bench.core.records import Reason
 from bench.core.results import plan_for
 from bench.store.publish import log_excerpt, regenerate
 from tests import synth
@@ -37,13 +37,12 @@ def flaky_folder(tmp_path):
     synth.fingerprint(results, "img")
     for repeat in range(1, 5):
         synth.add_run(results, BASE, repeat)
-    synth.add_run(results, BAD, 1, ids=[0] * 128, text="", findings=[synth.EMPTY])
+    synth.add_run(results, BAD, 1, ids=[0] * 128, text="")
     synth.add_run(results, BAD, 2, text=HOSTILE)
     head = ("INFO booting\n" * 3000).encode()  # 39 KB before the stop request
     log = head + SHUTDOWN_NOISE.encode() + b"\xff\xfe " + HOSTILE.encode() + b"\n" + TRACEBACK.encode() + (
         b"INFO bye\n" * 2000)
-    synth.add_run(results, BAD, 3, log=log, stop_at=len(head),
-                  findings=[Finding(reason="exit_exception", detail=TRACEBACK + HOSTILE)])
+    synth.add_run(results, BAD, 3, log=log, stop_at=len(head))
     synth.add_run(results, BAD, 4)
     return results
 
@@ -52,8 +51,8 @@ def test_summary_md_has_counts_and_intervals_per_cell(flaky_folder):
     assert main(["report", str(flaky_folder.path)]) == 1
     md = (flaky_folder.path / "summary.md").read_text()
     assert f"| `{BASE}` | **PASS** | 0/4 | 0–49 % |" in md
-    assert (f"| `{BAD}` | **FLAKY** | 2/4 | 15–85 % | divergence (1/4), empty_text (1/4), exit_exception (1/4), "
-            "first divergence at token 0 |") in md
+    assert (f"| `{BAD}` | **FLAKY** | 2/4 | 15–85 % | degenerate (1/4), divergence (1/4), empty_text (1/4), "
+            "exit_exception (1/4), usage_text_mismatch (1/4), first divergence at token 0 |") in md
     summary = json.loads((flaky_folder.path / "summary.json").read_text())
     bad = next(c for c in summary["cells"] if c["cell_id"] == BAD)
     assert bad["failure_rate_interval"] == pytest.approx([0.15, 0.85], abs=0.01)
@@ -103,7 +102,7 @@ def test_junit_xml_parses_and_names_reasons_and_counts(flaky_folder):
 
     (f1,) = cases[f"{BAD} #1"].result
     assert isinstance(f1, Failure) and f1.type == "empty_text"
-    assert f1.message == "divergence, empty_text (cell FLAKY: 2/4 (15–85 %) runs failed)"
+    assert f1.message == "degenerate, divergence, empty_text, usage_text_mismatch (cell FLAKY: 2/4 (15–85 %) runs failed)"
     assert "code: empty text" in f1.text and "code: differs from baseline at token 0" in f1.text
     (f3,) = cases[f"{BAD} #3"].result
     assert f3.type == "exit_exception" and "UnicodeDecodeError" in f3.text
@@ -148,7 +147,7 @@ def test_report_html_escapes_untrusted_text_and_embeds_the_log_excerpt(flaky_fol
 
 def test_log_excerpt_is_a_few_kb_around_the_exit_episode(flaky_folder):
     run = next(r for r in flaky_folder.runs() if r.cell_id == BAD and r.repeat == 3)
-    ex = log_excerpt(flaky_folder.path, run)
+    ex = log_excerpt(flaky_folder.path, run, {Reason.EXIT_EXCEPTION})
     assert ex is not None and ex.why == "first unexpected exit-time episode"
     assert len(ex.text.encode()) <= 4096
     assert "Traceback (most recent call last)" in ex.text and "UnicodeDecodeError" in ex.text
@@ -164,9 +163,8 @@ def test_log_excerpt_is_a_few_kb_around_the_exit_episode(flaky_folder):
 def test_log_excerpt_of_a_boot_failure_is_the_end_of_the_log(tmp_path):
     results = synth.create(tmp_path, "r", synth.matrix(repeats=1))
     log = "".join(f"INFO line {i}\n" for i in range(2000)) + "OSError: no model at /models/m\n"
-    run = synth.add_run(results, BASE, 1, boot_s=None, log=log, exited_early_code=1,
-                        findings=[Finding(reason="boot_failed", detail="exited with code 1 during boot")])
-    ex = log_excerpt(results.path, run)
+    run = synth.add_run(results, BASE, 1, boot_s=None, log=log, exited_early_code=1)
+    ex = log_excerpt(results.path, run, {Reason.BOOT_FAILED})
     assert ex.why == "end of the log" and ex.text.endswith("OSError: no model at /models/m\n")
     assert len(ex.text) <= 4096 and ex.text.startswith("INFO line ")
 
@@ -174,10 +172,10 @@ def test_log_excerpt_of_a_boot_failure_is_the_end_of_the_log(tmp_path):
 def test_log_excerpt_never_reads_outside_the_results_folder(tmp_path):
     results = synth.create(tmp_path, "r", synth.matrix(repeats=1))
     (tmp_path / "secret.log").write_text("secret\n")
-    run = synth.add_run(results, BASE, 1, findings=[Finding(reason="exit_code", detail="x")])
+    run = synth.add_run(results, BASE, 1, exit_code=1)
     outside = run.model_copy(update={"server": run.server.model_copy(update={"log_path": "../secret.log"})})
-    assert log_excerpt(results.path, outside) is None
-    assert log_excerpt(results.path, run) is not None
+    assert log_excerpt(results.path, outside, {Reason.EXIT_CODE}) is None
+    assert log_excerpt(results.path, run, {Reason.EXIT_CODE}) is not None
 
 
 def test_reports_are_regenerated_from_the_jsonl_alone(flaky_folder):
@@ -192,8 +190,7 @@ def test_reports_are_regenerated_from_the_jsonl_alone(flaky_folder):
 def test_report_html_of_boot_failures_and_interrupted_runs(tmp_path):
     results = synth.create(tmp_path, "r", synth.matrix(repeats=2))
     synth.add_run(results, BASE, 1)
-    synth.add_run(results, BASE, 2, boot_s=None, exited_early_code=1, log="INFO x\nOSError: no model <here>\n",
-                  findings=[Finding(reason="boot_failed", detail="exited with code 1 during boot")])
+    synth.add_run(results, BASE, 2, boot_s=None, exited_early_code=1, log="INFO x\nOSError: no model <here>\n")
     run = synth.add_run(results, BAD, 1)
     results.add_run(run.model_copy(update={"repeat": 2, "interrupted": True}))
     summary = regenerate(results.path).summary

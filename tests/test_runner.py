@@ -76,7 +76,7 @@ class Recorded:
     def start(self, total_runs): ...
     def status(self, text): ...
 
-    def run_done(self, record, divergence):
+    def run_done(self, record, findings, divergence):
         self.done.append((record.cell_id.split("__")[1], record.repeat, divergence))
 
 
@@ -110,18 +110,18 @@ def test_the_progress_line_marks_pass_pending_and_divergence():
 
     record = RunRecord(cell_id="c", repeat=1, server=ServerOutcome(
         command=["x"], port=1, log_path="l", started_at=0.0, boot_s=3.0))
-    assert run_line(record, []).startswith("[green]✓")
-    assert "✓" not in run_line(record, None) and "baseline" in run_line(record, None)
-    line = run_line(record, [TokenDiff(prompt_id="p", repeat=1, position=5)])
+    assert run_line(record, [], []).startswith("[green]✓")
+    assert "✓" not in run_line(record, [], None) and "baseline" in run_line(record, [], None)
+    line = run_line(record, [], [TokenDiff(prompt_id="p", repeat=1, position=5)])
     assert line.startswith("[red]✗") and "token 5 (p)" in line
     # A missed known answer alone is not yet a failure: the baseline may miss it too.
     from bench.core.verdicts import ExpectationMissed, Finding
 
     missed = Finding(reason="expectation_failed", prompt_id="france",
                      evidence=ExpectationMissed(expected="contains 'Paris'", answer="L'Étoile"))
-    line = run_line(record.model_copy(update={"findings": [missed]}), [])
+    line = run_line(record, [missed], [])
     assert line.startswith("[yellow]?") and "missed france" in line
-    line = run_line(record.model_copy(update={"findings": [missed, Finding(reason="empty_text", detail="x")]}), [])
+    line = run_line(record, [missed, Finding(reason="empty_text", detail="x")], [])
     assert line.startswith("[red]✗") and "empty_text, expectation_failed" in line
 
 
@@ -137,8 +137,8 @@ def test_the_schedule_hands_out_runs_in_order_and_stops_a_settled_cell(minimal):
     assert schedule.total == 3 and schedule.next(stop) == (cell, 2)
     for repeat, failed in ((2, False), (3, True)):  # #2 passed, #3 failed: flaky for good
         schedule.record(RunRecord(cell_id=cell.id, repeat=repeat, server=ServerOutcome(
-            command=["x"], port=1, log_path="l", started_at=0.0),
-            findings=[Finding(reason=Reason.EXIT_CODE, detail="x")] if failed else []))
+            command=["x"], port=1, log_path="l", started_at=0.0)),
+            [Finding(reason=Reason.EXIT_CODE, detail="x")] if failed else [])
     assert schedule.next(stop) is None and said and "settled" in said[0]
 
 
@@ -187,7 +187,7 @@ def test_a_stop_while_the_server_boots_or_stops_interrupts_the_run_rather_than_f
     server.during = during
     launcher.server = lambda *_: server
     record = run_one(cfg, cell, 1, launcher, results, status=lambda _: None, stop=server.stop)
-    assert record.interrupted and record.findings == [], record.findings
+    assert record.interrupted and record.findings == []
     assert [r.interrupted for r in results.runs()] == [True]
 
 
@@ -203,8 +203,8 @@ def test_a_cell_whose_image_cannot_run_here_is_said_once_not_per_repeat(minimal)
     first = schedule.next(stop)
     assert first == (cells[0], 1)
     schedule.record(RunRecord(cell_id=cells[0].id, repeat=1, server=ServerOutcome(
-        command=["x"], port=1, log_path="l", started_at=0.0),
-        findings=[Finding(reason=Reason.NOT_RUNNABLE, detail="not runnable on this host: image is linux/arm64")]))
+        command=["x"], port=1, log_path="l", started_at=0.0)),
+        [Finding(reason=Reason.NOT_RUNNABLE, detail="not runnable on this host: image is linux/arm64")])
     handed = []
     while (job := schedule.next(stop)) is not None:
         handed.append((job[0].id, job[1]))
@@ -229,5 +229,5 @@ def test_a_run_that_only_missed_a_known_answer_settles_nothing(minimal):
     for repeat, findings in ((1, []), (2, [missed])):
         assert schedule.next(stop) == (cell, repeat)
         schedule.record(RunRecord(cell_id=cell.id, repeat=repeat, server=ServerOutcome(
-            command=["x"], port=1, log_path="l", started_at=0.0), findings=findings))
+            command=["x"], port=1, log_path="l", started_at=0.0)), findings)
     assert schedule.next(stop) == (cell, 3)  # not settled as flaky

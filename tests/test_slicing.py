@@ -55,8 +55,7 @@ def _split(results, tmp_path, keep):
     for r in results.runs():
         if keep(r.cell_id):
             synth.add_run(part, r.cell_id, r.repeat,
-                          ids=[0] * 128 if "runai" in r.cell_id else None, text="" if "runai" in r.cell_id else "x",
-                          findings=r.findings)
+                          ids=[0] * 128 if "runai" in r.cell_id else None, text="" if "runai" in r.cell_id else "x")
     synth.fingerprint(part, "img", runai_model_streamer="0.16.0")
     return part
 

@@ -6,14 +6,13 @@ import argparse
 from pathlib import Path
 
 from bench.commands.console import (
-    comparator,
     compare_flags,
+    comparison,
     out,
 )
 from bench.core.compare import AXES, compare, format_comparison
 from bench.core.errors import EXIT_FAIL, EXIT_PASS
 from bench.core.perf import parse_thresholds, threshold_list
-from bench.core.tokens import comparator_for
 from bench.store.publish import load_side, open_results
 
 
@@ -54,12 +53,12 @@ def add_cli_args(sub) -> None:
 
 def main(args: argparse.Namespace) -> int:
     thresholds = parse_thresholds(args.threshold)
-    chosen = comparator(args, Path(args.a))
-    if chosen is None:  # the reference run's own rule
-        rule = open_results(Path(args.a)).config().comparison
-        chosen = comparator_for(rule.mode, args.top_k or rule.top_k)
-    a, b = load_side(Path(args.a), chosen), load_side(Path(args.b), chosen)
-    result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=chosen, thresholds=thresholds)
+    rule = comparison(args, Path(args.a))
+    if rule is None:  # the reference run's own rule
+        own = open_results(Path(args.a)).config().comparison
+        rule = own.model_copy(update={"top_k": args.top_k or own.top_k})
+    a, b = load_side(Path(args.a), rule), load_side(Path(args.b), rule)
+    result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=rule.comparator, thresholds=thresholds)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:

@@ -11,12 +11,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.core.config import ENV_NAME, ConfigError
+from bench.core.config import ENV_NAME, Comparison, ConfigError
 from bench.core.diagnosis import Diagnosis
 from bench.core.errors import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 from bench.core.judge import RunMark, run_mark
-from bench.core.records import RunRecord, TokenDiff
-from bench.core.tokens import Comparator, comparator_for
+from bench.core.records import Finding, RunRecord, TokenDiff
 from bench.store.publish import open_results
 
 # CI logs are not terminals; rich would wrap them at 80 columns.
@@ -41,19 +40,20 @@ class RichProgress:
     def status(self, text: str) -> None:
         self.bar.update(self.task, description=text)
 
-    def run_done(self, record: RunRecord, divergence: list[TokenDiff] | None) -> None:
+    def run_done(self, record: RunRecord, findings: list[Finding], divergence: list[TokenDiff] | None) -> None:
         self.bar.advance(self.task)
-        self.bar.console.print(run_line(record, divergence))
+        self.bar.console.print(run_line(record, findings, divergence))
 
     def stop(self) -> None:
         self.bar.stop()
 
 
-def run_line(record: RunRecord, divergence: list[TokenDiff] | None) -> str:
-    """One finished run for the console: ✓ only for a run the cell verdict cannot contradict."""
+def run_line(record: RunRecord, findings: list[Finding], divergence: list[TokenDiff] | None) -> str:
+    """One finished run for the console: ✓ only for a run the cell verdict cannot contradict.
+    `findings`: the run's own, as the judge made them."""
     boot = f"boot {record.server.boot_s:.0f} s" if record.server.boot_s is not None else "no boot"
     head = f"{record.cell_id} #{record.repeat} ({boot})"
-    mark, what = run_mark(record, divergence)
+    mark, what = run_mark(record, findings, divergence)
     if mark == RunMark.INTERRUPTED:
         return f"[yellow]-[/] {head}: interrupted"
     if mark == RunMark.FAILED:
@@ -97,11 +97,12 @@ def print_causes(diagnosis: Diagnosis, results: Path) -> None:
         out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def comparator(args: argparse.Namespace, config_of: Path) -> Comparator | None:
+def comparison(args: argparse.Namespace, config_of: Path) -> Comparison | None:
+    """The rule --compare-mode/--top-k ask to judge by instead of each cell's own; None: theirs."""
     if args.compare_mode is None:
         return None
     k = args.top_k if args.top_k is not None else open_results(config_of).config().comparison.top_k
-    return comparator_for(args.compare_mode, k)
+    return Comparison(mode=args.compare_mode, top_k=k)
 
 
 def compare_flags(parser: argparse.ArgumentParser, what: str) -> None:

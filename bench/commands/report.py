@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from bench.commands.console import (
-    comparator,
     compare_flags,
+    comparison,
     out,
 )
 from bench.report.summary import table
@@ -23,6 +23,6 @@ def add_cli_args(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    summary = regenerate(Path(args.dir), comparator(args, Path(args.dir))).summary
+    summary = regenerate(Path(args.dir), comparison(args, Path(args.dir))).summary
     out.print(table(summary))
     return summary.exit_code

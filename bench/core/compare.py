@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Literal
 
 from bench.core.config import ConfigError
-from bench.core.judge import reference_outputs
+from bench.core.judge import own_findings, reference_outputs
 from bench.core.perf import METRICS, MIN_RUNS, SlowdownCheck, run_values, slowdowns
 from bench.core.records import CellSummary, Fingerprint, Record, RequestRecord, RunRecord
 from bench.core.stats import rate_text
@@ -57,7 +57,8 @@ def side_from_records(
         reqs_of[q.cell_id].append(q)
     # reference_outputs skips runs with findings of their own; a run that only diverged from
     # the baseline still counts as clean here, which is what "its output" means for comparing.
-    outputs = {c.cell_id: reference_outputs(runs_of[c.cell_id], reqs_of[c.cell_id]) for c in cells}
+    outputs = {c.cell_id: reference_outputs(runs_of[c.cell_id], reqs_of[c.cell_id],
+                                            {r.repeat: own_findings(r) for r in c.run_results}) for c in cells}
     perf = {c.cell_id: run_values(runs_of[c.cell_id], reqs_of[c.cell_id]) for c in cells}
     return Side(name=name, cells=cells, outputs=outputs, fingerprints=fingerprints, perf=perf)
 

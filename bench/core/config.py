@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from bench.core.errors import RegbenchError
+from bench.core.tokens import Comparator, comparator_for
 
 # Names end up in cell ids, directory names and process arguments: keep them boring.
 # No "__" inside a name: it joins the parts of a cell id.
@@ -194,6 +195,11 @@ class Comparison(Strict):
     top_k: int = Field(
         default=5, ge=1, le=20,
         description="k of the `logprobs` rule")  # vLLM serves at most 20 logprobs by default
+
+    @property
+    def comparator(self) -> Comparator:
+        """The rule as a comparator: the one place one is made (a cell's is Cell.comparator)."""
+        return comparator_for(self.mode, self.top_k)
 
 
 # Written here for regbench: plain English prose, so that any model trained on English text

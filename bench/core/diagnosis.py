@@ -131,7 +131,7 @@ class CellEvidence(_Strict):
     inspect: PreflightRecord | None = None
     audit: PreflightRecord | None = None
     short_finish_reasons: list[str] = []  # finish_reason of each request shorter than min_tokens
-    findings: list[Finding] = []  # the judged runs' own findings, with their evidence
+    findings: list[Finding] = []  # the judged runs' findings as the verdict found them, with their evidence
     # What a signature's confirm command is filled with: model, python, pythonpath, cell, config.
     command_vars: dict[str, str] = {}
 

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from bench.core.config import Prompt, ReferenceText, Workload
+from bench.core.config import Comparison, Prompt, ReferenceText, Workload
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
-from bench.core.matrix import Cell, matrix_image
+from bench.core.matrix import Cell, expand, matrix_image
 from bench.core.perf import cell_perf
 from bench.core.records import (
     CellSummary,
@@ -25,6 +25,7 @@ from bench.core.records import (
     RequestRecord,
     RunRecord,
     RunResult,
+    ServerLog,
     ServerMetrics,
     ServerOutcome,
     Summary,
@@ -32,7 +33,7 @@ from bench.core.records import (
 )
 from bench.core.results import Results
 from bench.core.stats import verdict, wilson_interval
-from bench.core.tokens import EXACT, Comparator, Output, comparator_for, rank_in
+from bench.core.tokens import EXACT, Comparator, Output, rank_in
 from bench.core.verdicts import (
     NOT_RUNNABLE,
     CounterMismatch,
@@ -311,15 +312,52 @@ def judge_run(
     reference: ReferenceScore | None = None, probe: ReferenceText | None = None,
     metrics: ServerMetrics | None = None, comparator: Comparator = EXACT,
 ) -> list[Finding]:
+    """One run's own findings, from what was observed of it (no baseline): every per-run rule."""
     requests = list(requests)
     findings = judge_server(outcome, shutdown_log, log_tail)
-    for req in sorted(requests, key=lambda r: r.prompt_id):
+    order = {p.id: i for i, p in enumerate(workload.prompts)}  # the workload's order, as reports list prompts
+    for req in sorted(requests, key=lambda r: (order.get(r.prompt_id, len(order)), r.prompt_id)):
         findings.extend(judge_request(req, workload))
     findings.extend(judge_twins(requests, workload, comparator))
     findings.extend(judge_server_counters(metrics, requests))
     if probe is not None:
         findings.extend(judge_reference(reference, probe))
     return findings
+
+
+# What only a run's server log can tell: where the log is gone, these findings stand as a
+# regbench that judged at the end of each run recorded them (RunRecord.findings).
+LOG_ONLY_REASONS = frozenset({Reason.EXIT_EXCEPTION})
+
+
+def run_findings(cell: Cell, run: RunRecord, requests: Iterable[RequestRecord], log: ServerLog | None,
+                 comparator: Comparator) -> list[Finding]:
+    """A finished run's own findings, made afresh from its record, its requests and its server
+    log: a rule added after the folder was written applies to it, and a comparator given to
+    judge the folder again applies to its twins."""
+    metrics = run.perf.metrics if run.perf is not None else None
+    found = judge_run(run.server, [q for q in requests if q.repeat == run.repeat], cell.workload,
+                      log.shutdown if log else "", log.tail if log else "", run.reference, cell.reference_text,
+                      metrics, comparator)
+    if log is None:
+        found = [f for f in found if f.reason not in LOG_ONLY_REASONS] + \
+                [f for f in run.findings if f.reason in LOG_ONLY_REASONS]
+    return found
+
+
+def own_findings(result: RunResult) -> list[Finding]:
+    """A judged run's own findings: without those that compare it with its baseline (divergence,
+    a knob's broken invariance, a reference score drifted from the baseline's)."""
+    return [f for f in result.findings if f.reason not in (Reason.DIVERGENCE, Reason.INVARIANCE_BROKEN)
+            and not (isinstance(f.evidence, ReferenceLikelihood) and f.evidence.baseline_nll is not None)]
+
+
+def observed(results: Results, cell: Cell, run: RunRecord) -> list[Finding]:
+    """One finished run's own findings under its cell's rule, before any baseline: what the
+    progress line and early stop go by as each run ends."""
+    if run.interrupted:
+        return []
+    return run_findings(cell, run, results.requests_of(cell.id), results.log_of(run), cell.comparator)
 
 
 @dataclass(frozen=True)
@@ -335,19 +373,20 @@ class Baseline:
         return bool(self.outputs) or self.mean_nll is not None or bool(self.missed)
 
 
-def _clean_baseline_run(r: RunRecord) -> bool:
+def _clean_baseline_run(r: RunRecord, own: dict[int, list[Finding]]) -> bool:
     """A baseline run fit to compare with: not interrupted, and nothing against it but the
-    absolute-probe misses set aside for a baseline (set_aside_probes)."""
-    return not r.interrupted and not set_aside_probes(list(r.findings), None)[0]
+    absolute-probe misses set aside for a baseline (set_aside_probes). `own`: each run's own
+    findings, by repeat."""
+    return not r.interrupted and not set_aside_probes(list(own.get(r.repeat, [])), None)[0]
 
 
-def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord], as_answered: bool = False
-                      ) -> dict[str, Output]:
+def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord], own: dict[int, list[Finding]],
+                      as_answered: bool = False) -> dict[str, Output]:
     """Per prompt, the output of the first clean run of a baseline cell. `as_answered`: when no
     run is clean, of its first judged run: a knob's cell is compared with the cell without the
     knob as that cell answered, right or wrong (its own verdict says which), since the question
     is only whether the knob changes the answer."""
-    clean = {r.repeat for r in runs if _clean_baseline_run(r)}
+    clean = {r.repeat for r in runs if _clean_baseline_run(r, own)}
     if not clean and as_answered:
         clean = {min((r.repeat for r in runs if not r.interrupted), default=0)}
     ref: dict[str, Output] = {}
@@ -358,11 +397,15 @@ def reference_outputs(runs: list[RunRecord], requests: list[RequestRecord], as_a
     return ref
 
 
-def baseline_of(runs: list[RunRecord], requests: list[RequestRecord], as_answered: bool = False) -> Baseline:
-    clean = sorted((r for r in runs if _clean_baseline_run(r)), key=lambda r: r.repeat)
+def baseline_of(runs: list[RunRecord], requests: list[RequestRecord], own: dict[int, list[Finding]],
+                as_answered: bool = False) -> Baseline:
+    """What a baseline cell's runs give the cells compared with it; `own`: each run's own
+    findings, by repeat."""
+    clean = sorted((r for r in runs if _clean_baseline_run(r, own)), key=lambda r: r.repeat)
     nll = next((r.reference.mean_nll for r in clean if r.reference is not None and r.reference.mean_nll is not None), None)
-    missed = frozenset(k for r in runs if not r.interrupted for f in r.findings if (k := probe_key(f)) is not None)
-    return Baseline(outputs=reference_outputs(runs, requests, as_answered), mean_nll=nll, missed=missed)
+    missed = frozenset(k for r in runs if not r.interrupted for f in own.get(r.repeat, [])
+                       if (k := probe_key(f)) is not None)
+    return Baseline(outputs=reference_outputs(runs, requests, own, as_answered), mean_nll=nll, missed=missed)
 
 
 def probe_key(f: Finding) -> tuple[Reason, str | None] | None:
@@ -461,12 +504,16 @@ def judge_cell(
     cell: Cell,
     runs: list[RunRecord],
     requests: list[RequestRecord],
+    own: dict[int, list[Finding]],
     baseline: Baseline | None,
     comparator: Comparator = EXACT,
     probe: ReferenceText | None = None,
 ) -> CellSummary:
+    """A cell's verdict over its runs: `own`, each run's own findings by repeat (run_findings),
+    with its divergence from the baseline, a knob's broken invariance and a reference score's
+    drift added, and the probe misses the baseline shares set aside."""
     judged = sorted((r for r in runs if not r.interrupted), key=lambda r: r.repeat)
-    per_run: dict[int, list[Finding]] = {r.repeat: list(r.findings) for r in judged}
+    per_run: dict[int, list[Finding]] = {r.repeat: list(own.get(r.repeat, [])) for r in judged}
     judged_requests = sorted((q for q in requests if q.repeat in per_run), key=lambda q: q.repeat)
     positions: list[int] = []
     diverged: dict[int, list[TokenDiff]] = {}
@@ -538,7 +585,8 @@ def judge_cell(
                                 if f.reason == Reason.INVARIANCE_BROKEN), None),
         reference_nll=[r.reference.mean_nll for r in judged if r.reference is not None],
         run_results=[
-            RunResult(repeat=repeat, reasons=rs, divergence=diverged.get(repeat, []), baseline_pending=pending)
+            RunResult(repeat=repeat, reasons=rs, findings=per_run[repeat], divergence=diverged.get(repeat, []),
+                      baseline_pending=pending)
             for repeat, rs in run_reasons.items()
         ],
     )
@@ -569,20 +617,34 @@ def exit_code(cells: list[CellSummary], interrupted: bool) -> int:
     return EXIT_PASS if all(c.verdict == Verdict.PASS for c in cells) else EXIT_FAIL
 
 
-def judge(results: Results, comparator: Comparator | None = None, only: Iterable[str] | None = None) -> Summary:
-    """The verdicts of a run: every planned cell judged over its runs, against its baseline.
+def judge(results: Results, comparison: Comparison | None = None, only: Iterable[str] | None = None) -> Summary:
+    """The verdicts of a run: every finding about every planned cell's runs, made here from what
+    was observed (records, requests, server logs), and each cell judged over its runs against
+    its baseline.
 
-    The one place a cell's verdict is derived; the runner (at the end and for its progress
-    line), `report`, `compare`, `diagnose`, `merge` and the Slurm collection all call it.
-    `comparator`: the config's (`comparison`) unless given, e.g. to judge a run again under
-    another rule. `only`: judge just these cells (their baselines are still read), as the
-    progress line does after each run."""
+    The one place findings and verdicts are made; the runner (at the end and for its progress
+    line), `report`, `compare`, `diagnose`, `merge`, `report-bug`, `history` and the Slurm
+    collection all call it. `comparison`: the rule to judge by instead of each cell's own
+    (`comparison`, a knob's block's), e.g. `report --compare-mode`. `only`: judge just these cells
+    (their baselines are still read), as the progress line does after each run."""
     config = results.config
     cells = results.cells()
+    if comparison is not None:
+        cells = [c.model_copy(update={"comparison": comparison}) for c in cells]
+    by_id = {c.id: c for c in cells}
     if only is not None:
         wanted = set(only)
         cells = [c for c in cells if c.id in wanted]
     audits = {(p.model, p.image, p.load_format): p for p in results.preflights if p.kind == "audit"}
+    own_of: dict[str, dict[int, list[Finding]]] = {}
+
+    def own(cell: Cell) -> dict[int, list[Finding]]:
+        if cell.id not in own_of:
+            requests = results.requests_of(cell.id)
+            own_of[cell.id] = {r.repeat: run_findings(cell, r, requests, results.log_of(r), cell.comparator)
+                               for r in results.runs_of(cell.id) if not r.interrupted}
+        return own_of[cell.id]
+
     # Many cells share one baseline: work it out once.
     baselines: dict[tuple[str, bool], Baseline] = {}
     out = []
@@ -591,13 +653,16 @@ def judge(results: Results, comparator: Comparator | None = None, only: Iterable
         if cell.baseline_id is not None:
             key = (cell.baseline_id, cell.knob is not None)
             if key not in baselines:
+                # A baseline from another slice is not in this folder's plan: the matrix has it.
+                base = by_id.get(cell.baseline_id) or next(
+                    (c for c in expand(config) if c.id == cell.baseline_id), None)
                 baselines[key] = baseline_of(
-                    results.runs_of(cell.baseline_id), results.requests_of(cell.baseline_id), as_answered=key[1])
+                    results.runs_of(cell.baseline_id), results.requests_of(cell.baseline_id),
+                    own(base) if base is not None else {}, as_answered=key[1])
             baseline = baselines[key]
         runs = results.runs_of(cell.id)
-        # Each cell under its own rule (a knob's cell: the invariance block's), unless one is given.
-        cmp = comparator or comparator_for(cell.comparison.mode, cell.comparison.top_k)
-        summary = judge_cell(cell, runs, results.requests_of(cell.id), baseline, cmp, cell.reference_text)
+        summary = judge_cell(cell, runs, results.requests_of(cell.id), own(cell), baseline, cell.comparator,
+                             cell.reference_text)
         audit = audits.get((cell.model.name, matrix_image(cell.image.name), cell.load_format.name))
         out.append(apply_cell_checks(summary, runs, audit))
     started, finished = results.span()
@@ -614,13 +679,14 @@ def judge(results: Results, comparator: Comparator | None = None, only: Iterable
     )
 
 
-def run_counts(record: RunRecord) -> bool | None:
-    """Whether a finished run counts as a failure of its cell now, for early stop; None when it
-    cannot be known yet: a known answer or the reference ceiling missed alone counts only where
-    the baseline meets it (set_aside_probes), which is judged at the end."""
-    if record.findings and all(probe_key(f) is not None for f in record.findings):
+def run_counts(findings: list[Finding]) -> bool | None:
+    """Whether a finished run counts as a failure of its cell now, by its own findings
+    (observed), for early stop; None when it cannot be known yet: a known answer or the
+    reference ceiling missed alone counts only where the baseline meets it (set_aside_probes),
+    which is judged at the end."""
+    if findings and all(probe_key(f) is not None for f in findings):
         return None
-    return bool(record.findings)
+    return bool(findings)
 
 
 class RunMark(StrEnum):
@@ -632,14 +698,15 @@ class RunMark(StrEnum):
     INTERRUPTED = "interrupted"
 
 
-def run_mark(record: RunRecord, divergence: list[TokenDiff] | None) -> tuple[RunMark, list[str]]:
-    """How one run stands as soon as it ends, and what is against it: its own findings' reasons,
-    its divergence from the baseline, then the probes it missed. `divergence`: as judge() found
-    it (RunResult.divergence), None while the baseline has no clean run to compare with."""
+def run_mark(record: RunRecord, findings: list[Finding], divergence: list[TokenDiff] | None) -> tuple[RunMark, list[str]]:
+    """How one run stands as soon as it ends, and what is against it: its own findings' reasons
+    (`findings`, observed), its divergence from the baseline, then the probes it missed.
+    `divergence`: as judge() found it (RunResult.divergence), None while the baseline has no
+    clean run to compare with."""
     if record.interrupted:
         return RunMark.INTERRUPTED, []
-    probes = [f for f in record.findings if probe_key(f) is not None]
-    reasons = sorted({str(f.reason) for f in record.findings if probe_key(f) is None})
+    probes = [f for f in findings if probe_key(f) is not None]
+    reasons = sorted({str(f.reason) for f in findings if probe_key(f) is None})
     if divergence:
         first = min(divergence, key=lambda d: d.position)
         reasons.append(f"divergence from baseline at token {first.position} ({first.prompt_id})")

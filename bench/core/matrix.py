@@ -21,6 +21,7 @@ from bench.core.config import (
     ServerSettings,
     Workload,
 )
+from bench.core.tokens import Comparator
 
 
 class Cell(BaseModel):
@@ -49,6 +50,12 @@ class Cell(BaseModel):
     # The logprobs each generated token is asked with: for its own comparison, and for a knob's
     # cell compared with it under `logprobs` (None: none asked).
     logprobs_k: int | None = None
+
+    @property
+    def comparator(self) -> Comparator:
+        """The rule this cell's outputs are compared by: its `comparison` (a knob's cell: its
+        invariance block's), for divergence, twins and nondeterminism alike."""
+        return self.comparison.comparator
 
 
 def _logprobs_k(comparison: Comparison) -> int | None:

@@ -142,7 +142,9 @@ class RunPerf(Record):
 
 
 class RunRecord(Record):
-    """One fresh server of one cell: its outcome and every finding about it."""
+    """One fresh server of one cell, as observed: how it booted, served and exited, its reference
+    score and figures. What is wrong with it is the judge's to say, each time a folder is judged
+    (bench.core.judge.judge), from this, the run's requests and its server log (ServerLog)."""
 
     type: Literal["run"] = "run"
     cell_id: str
@@ -151,8 +153,20 @@ class RunRecord(Record):
     requests_s: float | None = None
     reference: ReferenceScore | None = None  # None: the probe is off (or the run never served)
     perf: RunPerf | None = None  # None: written by a regbench without performance figures
+    # Written by regbench before its findings were all made by the judge (the run's own findings,
+    # judged when it ended). Never written now; read only for a run whose server log is gone,
+    # for what only the log could tell (bench.core.judge.LOG_ONLY_REASONS).
     findings: list[Finding] = []
     interrupted: bool = False
+
+
+class ServerLog(Record):
+    """What the judge reads of one run's server.log: the part after the stop request (where
+    exit-time exceptions show) and the last lines (why a boot failed or a server died). Read
+    from the log in the results folder when the folder is loaded; never a file of its own."""
+
+    shutdown: str = ""
+    tail: str = ""
 
 
 # Slurm job states that are over (scontrol's JobState).
@@ -232,10 +246,13 @@ class ProbeNote(Record):
 
 
 class RunResult(Record):
-    """One judged run of a cell: its own findings' reasons plus its divergence from the baseline."""
+    """One judged run of a cell: what counts against it (its own findings, its divergence from
+    the baseline, an invariance broken, a reference score drifted; probes set aside are not
+    here but in the cell's unconfirmed_probes) and their reasons."""
 
     repeat: int
     reasons: list[Reason] = []  # sorted, one entry per reason; empty = the run passed
+    findings: list[Finding] = []  # with their evidence, in the order the judge made them
     divergence: list[TokenDiff] = []  # against the baseline cell's first clean run
     # The cell has a baseline with no clean run yet: divergence is not known (the progress line
     # after each run; at the end of a run, a baseline without one compares nothing).
@@ -244,6 +261,11 @@ class RunResult(Record):
     @property
     def failed(self) -> bool:
         return bool(self.reasons)
+
+    @property
+    def beside_divergence(self) -> list[Finding]:
+        """Its findings but divergence, which reports show by prompt and position instead."""
+        return [f for f in self.findings if f.reason != Reason.DIVERGENCE]
 
 
 class LogExcerpt(Record):

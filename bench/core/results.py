@@ -18,7 +18,7 @@ from typing import Literal
 
 from bench.core.config import Config
 from bench.core.matrix import Cell, expand
-from bench.core.records import Fingerprint, JobRecord, PreflightRecord, Record, RequestRecord, RunRecord
+from bench.core.records import Fingerprint, JobRecord, PreflightRecord, Record, RequestRecord, RunRecord, ServerLog
 
 
 class RunPlan(Record):
@@ -43,6 +43,9 @@ class Results:
     fingerprints: list[Fingerprint] = field(default_factory=list)
     preflights: list[PreflightRecord] = field(default_factory=list)
     jobs: list[JobRecord] = field(default_factory=list)
+    # Each finished run's server log as the judge reads it, by (cell id, repeat); a run whose log
+    # is gone has none (its recorded findings stand in: bench.core.judge.LOG_ONLY_REASONS).
+    logs: dict[tuple[str, int], ServerLog] = field(default_factory=dict)
     # Workers append from their threads while another thread judges for the progress line.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -50,9 +53,15 @@ class Results:
     def run_id(self) -> str:
         return self.plan.run_id
 
-    def add_run(self, record: RunRecord) -> None:
+    def add_run(self, record: RunRecord, log: ServerLog | None = None) -> None:
         with self._lock:
             self.runs.append(record)
+            if log is not None:
+                self.logs[(record.cell_id, record.repeat)] = log
+
+    def log_of(self, record: RunRecord) -> ServerLog | None:
+        with self._lock:
+            return self.logs.get((record.cell_id, record.repeat))
 
     def add_request(self, record: RequestRecord) -> None:
         with self._lock:

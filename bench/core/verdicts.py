@@ -86,6 +86,9 @@ Per cell, against its baseline cell (bench.core.judge.divergence)
                          first differing position (0 = the very first token), both tokens there
                          (id, text where known, logprob) and each one's rank in the other
                          side's top k
+    invariance_broken    a knob's cell (an `invariance` block: serial, no prefix caching, ...)
+                         answers otherwise than the same cell without the knob, as that cell
+                         answered, right or wrong; the evidence is a divergence's, with the knob
 
 Absolute probes shared with the baseline (bench.core.judge.set_aside_probes)
     A known answer (`expect`) and the reference-text ceiling judge a server against a fixed

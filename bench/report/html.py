@@ -176,7 +176,7 @@ def _run_rows(report: Report, cell: CellSummary) -> RunRows:
         rows.append(RunRow(
             repeat=repeat, status=status, cls=cls, reasons=reasons, boot=_seconds(run.server.boot_s),
             requests=_seconds(run.requests_s), latency=f"{statistics.median(lat):.2f} / {max(lat):.2f}" if lat else "–",
-            findings=run.findings, divergence=divergence,
+            findings=result.beside_divergence if result is not None else [], divergence=divergence,
             first_divergence=min(divergence, key=lambda d: d.position) if divergence else None,
             excerpt=excerpts.get(repeat), log_path=run.server.log_path))
     return RunRows(rows, len(repeats) - RUNS_SHOWN)

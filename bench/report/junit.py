@@ -89,8 +89,9 @@ def junit_xml(summary: Summary, runs: list[RunRecord]) -> str:
                 failures += 1
                 message = f"{', '.join(result.reasons)} ({_cell_line(cell)})"
                 # type: the run's own first finding; divergence is only its comparison with the baseline.
-                kind = run.findings[0].reason if run.findings else result.reasons[0]
-                _el(case, "failure", _failure_text(result, run.findings), message=message, type=kind)
+                own = result.beside_divergence
+                kind = own[0].reason if own else result.reasons[0]
+                _el(case, "failure", _failure_text(result, own), message=message, type=kind)
             out = [f"server log: {run.server.log_path}"]
             if run.server.boot_s is not None:
                 out.append(f"boot: {run.server.boot_s:.1f} s")

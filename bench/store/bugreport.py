@@ -23,12 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
-from bench.core.judge import baseline_of, divergence, judge
+from bench.core.judge import judge
 from bench.core.matrix import Cell, matrix_image
-from bench.core.records import Fingerprint, RunRecord
+from bench.core.records import CellSummary, Fingerprint, RunRecord
 from bench.core.redact import Redactor, redactor_for
-from bench.core.results import Results
-from bench.core.tokens import comparator_for
 from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.report.bugreport import BugReport, render
 from bench.serve.launch import HOST, OVERLAY_ROOT, image_env, serve_args, server_env
@@ -210,16 +208,11 @@ def run_collect_env_local(cell: Cell, env: Mapping[str, str], timeout_s: float =
     return text
 
 
-def _first_divergence(data: Results, cell: Cell, runs: list[RunRecord]) -> TokenDivergence | None:
-    """Both tokens at the first divergence from the baseline cell, by the judge's own comparison
-    (the verdict itself is the judge's; this only fetches its evidence back)."""
-    if cell.baseline_id is None:
-        return None
-    base = baseline_of(data.runs_of(cell.baseline_id), data.requests_of(cell.baseline_id))
-    repeats = {r.repeat for r in runs}
-    requests = [q for q in data.requests_of(cell.id) if q.repeat in repeats]
-    found = divergence(requests, base.outputs, comparator_for(cell.comparison.mode, cell.comparison.top_k))
-    evidence = [(pos, repeat, f.evidence) for repeat, pos, f in found if isinstance(f.evidence, TokenDivergence)]
+def _first_divergence(judged: CellSummary) -> TokenDivergence | None:
+    """Both tokens at the first divergence from the baseline cell (a knob's cell: from the cell
+    without the knob), read from the verdict's own findings."""
+    evidence = [(f.evidence.position, r.repeat, f.evidence) for r in judged.run_results for f in r.findings
+                if isinstance(f.evidence, TokenDivergence)]
     return min(evidence, key=lambda x: (x[0], x[1]))[2] if evidence else None
 
 
@@ -257,9 +250,11 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
     # The back-end that runs an image by its reference runs it in a container (as the pre-flight says).
     boxed = "ref" in needs(data.config.launcher)
     command, where, argv = serve_command(cell, boxed, run, pin)
-    prompt_ids = [f.prompt_id for f in (run.findings if run else []) if f.prompt_id]
+    findings = {r.repeat: r.findings for r in judged.run_results}
+    prompt_ids = [f.prompt_id for f in (findings.get(run.repeat, []) if run else []) if f.prompt_id]
     prompt = next((p for p in cell.workload.prompts if p.id in prompt_ids[:1]), cell.workload.prompts[0])
-    exit_exception = next((f.evidence for r in runs for f in r.findings if isinstance(f.evidence, ExitEpisode)), None)
+    exit_exception = next((f.evidence for r in runs for f in findings.get(r.repeat, [])
+                           if isinstance(f.evidence, ExitEpisode)), None)
     collected, collect_error = None, None
     if collect_env:
         warnings = [] if warnings is None else warnings
@@ -281,7 +276,7 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
         curl_command=curl_command(cell, prompt, _port(argv), "--api-key" in argv), prompt_id=prompt.id,
         collect_env_command=_collect_env(cell, boxed, pin),
         first_failing_repeat=run.repeat if run else 0,
-        divergence=_first_divergence(data, cell, runs) if judged.divergence_positions else None,
+        divergence=_first_divergence(judged),
         exit_exception=exit_exception, collect_env_output=collected, collect_env_error=collect_error,
     )
     return report, one_cell_config(data.config, cells, cell), data.config

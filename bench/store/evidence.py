@@ -103,7 +103,7 @@ def gather(
             audit=next((p for p in preflights if p.kind == "audit" and p.model == cell.model.name
                         and p.image == matrix_image(cell.image.name) and p.load_format == cell.load_format.name), None),
             short_finish_reasons=short,
-            findings=[f for r in judged for f in r.findings],
+            findings=[f for r in s.run_results for f in r.findings],  # as the verdict found them
             command_vars={"model": cell.model.path, "python": cell.image.python,
                           "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id,
                           "where": _audit_where(cell)},

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.core.compare import Side, side_from_records
+from bench.core.config import Comparison
 from bench.core.diagnosis import Diagnosis
 from bench.core.judge import Reason, judge, unexpected_exit_episodes
 from bench.core.records import LogExcerpt, RunRecord, Summary
-from bench.core.tokens import Comparator
 from bench.report.model import Report
 from bench.report.summary import render_all
 from bench.store.evidence import diagnose_results
@@ -40,9 +40,9 @@ def _trim_to_lines(data: bytes, cut_head: bool, cut_tail: bool) -> tuple[bytes, 
     return data, head
 
 
-def log_excerpt(results_path: Path, run: RunRecord) -> LogExcerpt | None:
-    """A few KB of the run's server.log around its first log-evidenced finding, or None."""
-    reasons = {f.reason for f in run.findings}
+def log_excerpt(results_path: Path, run: RunRecord, reasons: set[Reason]) -> LogExcerpt | None:
+    """A few KB of the run's server.log around its first log-evidenced finding, or None;
+    `reasons`: the run's, as judged."""
     if not reasons & _LOG_REASONS:
         return None
     path = (results_path / run.server.log_path).resolve()
@@ -87,13 +87,14 @@ def log_excerpt(results_path: Path, run: RunRecord) -> LogExcerpt | None:
     )
 
 
-def log_excerpts(results_path: Path, runs: list[RunRecord]) -> list[LogExcerpt]:
+def log_excerpts(results_path: Path, runs: list[RunRecord], summary: Summary) -> list[LogExcerpt]:
+    judged = {(c.cell_id, r.repeat): set(r.reasons) for c in summary.cells for r in c.run_results}
     out: list[LogExcerpt] = []
     per_cell: dict[str, int] = {}
     for run in sorted(runs, key=lambda r: (r.cell_id, r.repeat)):
         if per_cell.get(run.cell_id, 0) >= EXCERPTS_PER_CELL:
             continue
-        excerpt = log_excerpt(results_path, run)
+        excerpt = log_excerpt(results_path, run, judged.get((run.cell_id, run.repeat), set()))
         if excerpt is not None:
             out.append(excerpt)
             per_cell[run.cell_id] = per_cell.get(run.cell_id, 0) + 1
@@ -129,7 +130,7 @@ def write_reports(results: ResultsDir, summary: Summary) -> Published:
     data = results.data
     diagnosis = diagnose_results(results.path, data.config, summary, data.runs, data.requests, data.fingerprints)
     files = render_all(Report.of(summary, data.runs, data.requests, data.fingerprints,
-                                 log_excerpts(results.path, data.runs), diagnosis, data.jobs))
+                                 log_excerpts(results.path, data.runs, summary), diagnosis, data.jobs))
     written = {}
     for name, text in files.items():
         # The records and logs are redacted already; this covers what a report adds of its own.
@@ -145,14 +146,15 @@ def open_results(path: Path) -> ResultsDir:
     return results
 
 
-def regenerate(path: Path, comparator: Comparator | None = None) -> Published:
-    """`regbench report DIR`: judge the folder again and rewrite every report file."""
+def regenerate(path: Path, comparison: Comparison | None = None) -> Published:
+    """`regbench report DIR`: judge the folder again and rewrite every report file;
+    `comparison`: a rule to judge by instead of each cell's own."""
     results = open_results(path)
-    return write_reports(results, judge(results.load(), comparator))
+    return write_reports(results, judge(results.load(), comparison))
 
 
-def load_side(path: Path, comparator: Comparator | None = None) -> Side:
+def load_side(path: Path, comparison: Comparison | None = None) -> Side:
     """One results folder, re-judged from its records, as one side of `regbench compare`."""
     data = open_results(path).load()
-    summary = judge(data, comparator)
+    summary = judge(data, comparison)
     return side_from_records(str(path), summary.cells, data.runs, data.requests, data.fingerprints)

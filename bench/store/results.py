@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from bench.core.config import Config
 from bench.core.errors import EXIT_WRITE, RegbenchError
 from bench.core.matrix import expand
-from bench.core.records import Fingerprint, JobRecord, PreflightRecord, RequestRecord, RunRecord, Summary
+from bench.core.records import Fingerprint, JobRecord, PreflightRecord, RequestRecord, RunRecord, ServerLog, Summary
 from bench.core.redact import Redactor, redactor_for
 from bench.core.results import Results, RunPlan
 
@@ -139,10 +139,12 @@ class ResultsDir:
         if self.loaded is not None:
             self.loaded.add_request(record)
 
-    def add_run(self, record: RunRecord) -> None:
+    def add_run(self, record: RunRecord, log: ServerLog | None = None) -> None:
+        """The run's record; `log`: its server log as the judge reads it, for the folder in
+        memory (the log itself is in the folder already)."""
         self._append("runs.jsonl", record)
         if self.loaded is not None:
-            self.loaded.add_run(record)
+            self.loaded.add_run(record, log if log is not None else self.server_log(record))
 
     def add_preflight(self, record: PreflightRecord) -> None:
         self._append("preflight.jsonl", record)
@@ -200,9 +202,20 @@ class ResultsDir:
         instead of config.yaml's."""
         config = config or self.config()
         runs = self.runs()
+        logs = {(r.cell_id, r.repeat): log for r in runs if (log := self.server_log(r)) is not None}
         self.loaded = Results(config=config, plan=self.plan(config, runs), runs=runs, requests=self.requests(),
-                              fingerprints=self.fingerprints(), preflights=self.preflights(), jobs=self.jobs())
+                              fingerprints=self.fingerprints(), preflights=self.preflights(), jobs=self.jobs(),
+                              logs=logs)
         return self.loaded
+
+    def server_log(self, run: RunRecord) -> ServerLog | None:
+        """What the judge reads of a run's server log; None for an interrupted run (not judged)
+        or a log that is gone. Only inside the folder, whatever the record says."""
+        path = (self.path / run.server.log_path).resolve()
+        if run.interrupted or not path.is_relative_to(self.path.resolve()) or not path.is_file():
+            return None
+        shutdown = read_log(path, run.server.stop_requested_at_byte or 0) if run.server.boot_s is not None else ""
+        return ServerLog(shutdown=shutdown, tail=log_tail(path))
 
     def _read(self, name: str, model: type[T]) -> list[T]:
         records, partial = read_jsonl(self.path / name, model)
