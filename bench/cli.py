@@ -12,9 +12,10 @@ import argparse
 import os
 import sys
 
-from bench.commands import audit, clean, compare, diagnose, history, inspect, merge, plan, report, report_bug, run, versions
-from bench.commands.console import err
+from bench.commands import audit, clean, compare, diagnose, inspect, merge, plan, report, report_bug, run, versions
+from bench.console import err
 from bench.core.errors import RegbenchError
+from bench.history import command as history
 
 # In the order `regbench --help` lists them.
 COMMANDS = (plan, run, merge, clean, report, diagnose, report_bug, compare, history, versions, inspect, audit)

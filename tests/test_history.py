@@ -1,4 +1,4 @@
-"""The history database (bench/store/history.py) and `regbench history`, against SQLite and a real
+"""The history database (bench/history/store.py) and `regbench history`, against SQLite and a real
 PostgreSQL server alike: ingest is idempotent by run id, concurrent writers neither lose nor
 duplicate a run, a run's rows land whole or not at all, the schema is versioned and migrated once,
 and the history names the run where a passing cell broke and the last good one before it (or,
@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main as regbench
-from bench.core.history import CellPoint, regressions
 from bench.core.judge import judge
 from bench.core.matrix import expand
 from bench.core.perf import METRICS
 from bench.core.results import RunPlan
 from bench.core.verdicts import Verdict
-from bench.store.history import HistoryError, entry_from_folder, open_history
+from bench.history.model import CellPoint, regressions
+from bench.history.store import HistoryError, entry_from_folder, open_history
 from bench.store.publish import open_results
 from bench.store.results import ResultsDir, writer_lock
 
@@ -357,8 +357,8 @@ def test_the_check_across_runs_is_compares_rule_and_a_slow_run_stays_out_of_late
     check bench.core.perf.slowdown gives; one with too few servers of its own is not checked (but
     its servers count in later windows), a failing run is no window run, and the slow run is kept
     out of the next run's window, so a slowdown that stays is flagged again."""
-    from bench.core.history import slowdowns_across
     from bench.core.perf import slowdown
+    from bench.history.model import slowdowns_across
 
     def timed_point(run_id: str, latency: list[float], verdict: Verdict = Verdict.PASS) -> CellPoint:
         return point(run_id, verdict).model_copy(update={"values": {"latency_s": latency}})
@@ -559,7 +559,7 @@ def test_release_orders_are_version_aware():
     """Image order: the release number in the reference's tag, else in the name, whatever the
     text around it; names without one after, in natural order. vLLM order: PEP 440, then the
     streamer's, an unknown vLLM last."""
-    from bench.core.history import order_key, series_of
+    from bench.history.model import order_key, series_of
 
     def at(image: str, vllm: str | None = None, ref: str | None = None, streamer: str = "0.17.0",
            t: float = 0.0) -> CellPoint:
@@ -646,7 +646,7 @@ def test_a_version_1_database_migrates_to_2_and_keeps_its_runs(db, tmp_path, cap
     """A database made by the regbench of schema version 1 (its migrations only: released ones
     never change), with a run in it, opened by this one: version 2's table is added, the old run
     reads as before (without per-server values), new runs carry them, and the view takes both."""
-    import bench.store.history as store
+    import bench.history.store as store
 
     root = tmp_path / "results"
     old = started(synth.timed(root, "old"), 1_000_000).path
@@ -793,8 +793,8 @@ def test_a_bisect_probe_is_its_one_cell_and_a_knobs_cell_is_refused_by_name(tmp_
     alone (no knob cells beside it, whose verdicts would be taken for the cell's); a knob's cell,
     judged against another cell, is refused naming that cell, and the history prints it no bisect."""
     from bench.core.config import parse_config
-    from bench.core.history import bisect_hints
     from bench.core.versionmap import Plan
+    from bench.history.model import bisect_hints
     from bench.versions import CellProbe, VersionsError, find_cell
 
     spec = synth.matrix(images=("img",))

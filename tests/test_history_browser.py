@@ -73,9 +73,9 @@ def test_trend_page_marks_the_break_and_the_slowdown(tmp_path, capsys):
 
 def test_trend_page_escapes_what_comes_from_the_folders(tmp_path):
     """Run ids are folder names: text on the page, never markup."""
-    from bench.core.history import CellHistory, CellPoint
     from bench.core.verdicts import Verdict
-    from bench.report.trend import Trend, render_trend
+    from bench.history.model import CellHistory, CellPoint
+    from bench.history.trend import Trend, render_trend
 
     bad = '<script>alert(1)</script>'
     point = CellPoint(run_id=bad, started_at=1.0, image="img", vllm=None, runai_model_streamer=None, torch=None,

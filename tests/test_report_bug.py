@@ -25,7 +25,8 @@ from bench.core.records import RequestRecord, RunRecord, ServerOutcome
 from bench.report.bugreport import trim_lines
 from bench.serve.launch_docker import LABEL
 from bench.serve.launch_local import vllm_argv
-from bench.store.bugreport import CollectEnvError, one_cell_config, run_collect_env_local
+from bench.store.bugreport import one_cell_config
+from bench.store.collect_env import CollectEnvError, run_collect_env_local
 from bench.store.matrixfile import load_config
 from tests import synth
 from tests.support import CANARY, ROOT, STREAMERS, VLLM_PYTHON, needs_canary, needs_vllm, setup_missing, wait_until

@@ -105,7 +105,7 @@ def test_progress_says_pending_while_the_baseline_has_no_clean_run(tmp_path, min
 
 
 def test_the_progress_line_marks_pass_pending_and_divergence():
-    from bench.commands.console import run_line
+    from bench.console import run_line
     from bench.core.records import RunRecord, TokenDiff
 
     record = RunRecord(cell_id="c", repeat=1, server=ServerOutcome(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench.commands.console import (
+from bench.console import (
     emit,
 )
 from bench.report.weights import render_checkpoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.commands.console import (
+from bench.console import (
     compare_flags,
     comparison,
     out,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.commands.console import err, out
+from bench.console import err, out
 from bench.core.errors import EXIT_PASS
 from bench.store.bugreport import write_bug_report
 

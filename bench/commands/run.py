@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from bench import slurm
-from bench.commands.console import (
+from bench.console import (
     RichProgress,
     err,
     interrupt_on_sigterm,
@@ -18,17 +18,17 @@ from bench.commands.console import (
 from bench.core.config import Config, ConfigError, with_devices, with_image_refs
 from bench.core.diagnosis import Diagnosis
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, RegbenchError
-from bench.core.history import entry_of
 from bench.core.matrix import expand
 from bench.core.records import Summary
 from bench.core.redact import redactor_for
 from bench.core.slicing import parse_shard, slice_cells
+from bench.history.model import entry_of
+from bench.history.store import default_url, open_history
 from bench.report.summary import table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import backend, open_launcher
 from bench.serve.platforms import host_facts, select
 from bench.slurm import SlurmOptions, SlurmRun
-from bench.store.history import default_url, open_history
 from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir, ResultsError, new_run_id, writer_lock
 
@@ -146,7 +146,7 @@ def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
 
 
 def _record_history(args: argparse.Namespace, results: ResultsDir, summary: Summary, diagnosis: Diagnosis) -> None:
-    """A finished run into the history database (bench.store.history), once by its run id. The
+    """A finished run into the history database (bench.history.store), once by its run id. The
     run's verdicts stand whatever happens here: a database that cannot be reached is said, and
     `regbench history ingest DIR` records the folder later."""
     if args.no_history or summary.interrupted:

@@ -19,8 +19,8 @@ that escapes is a bug and keeps its traceback.
     ├── NotACheckpoint        not a checkpoint folder (bench.weights.checkpoint)
     ├── AuditError, ProbeError  an audit that could not run (bench.weights.audit)
     ├── HistoryError          the history database cannot be opened, migrated, read or written
-    │                         (bench.store.history)
-    └── TrendWriteError (3)   the trend page could not be written (bench.store.history)
+    │                         (bench.history.store)
+    └── TrendWriteError (3)   the trend page could not be written (bench.history.store)
 """
 
 from __future__ import annotations

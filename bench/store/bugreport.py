@@ -3,8 +3,8 @@ bench.report.bugreport.BugReport (the verdict from bench.core.judge.judge, the d
 bench.store.evidence, the environment from its fingerprint, the commands from the records and the
 matrix as run), rendered, redacted and written beside the records with a one-cell matrix.
 
-vLLM's form asks for the output of its collect_env; that is run here, in the cell's environment
-where this host has it: the image's Python with its overlay and variables (local launcher), or a
+vLLM's form asks for the output of its collect_env; that is run (bench.store.collect_env), in the
+cell's environment where this host has it: the image's Python with its overlay and variables (local launcher), or a
 container of the image the run was pinned to (docker launcher; nothing is pulled for a report).
 When it cannot run, the report says why and gives the command instead: a report is not refused
 for want of it."""
@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
-import signal
-import subprocess
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,21 +27,12 @@ from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.report.bugreport import BugReport, render
 from bench.serve.launch import HOST, OVERLAY_ROOT, image_env, serve_args, server_env
 from bench.serve.launchers import needs
+from bench.store.collect_env import COLLECT_ENV, SECRET_LOOKING, CollectEnvError, run_collect_env_local
 from bench.store.evidence import diagnose_results
 from bench.store.publish import open_results
 from bench.store.results import write_config
 
-# Broader than bench.core.redact.SECRET_NAME on purpose: an issue goes to a public tracker, so a
-# variable merely named *KEY* is masked too.
-SECRET_LOOKING = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 DEFAULT_PORT = 8000  # for a cell with no run record to take its port from
-COLLECT_ENV = ["-m", "vllm.collect_env"]
-# It takes ~5 s on a CPU host; on a GPU host it also asks nvidia-smi and the driver, which can hang.
-COLLECT_ENV_TIMEOUT_S = 180.0
-
-
-class CollectEnvError(Exception):
-    """Why collect_env could not be run here: one line, said in the report and on stderr."""
 
 
 @dataclass(frozen=True)
@@ -174,38 +161,6 @@ def _collect_env(cell: Cell, boxed: bool, pin: str | None) -> str:
         # A secret-looking variable is passed from the shell's environment by name, never written.
         words += ["-e", name if SECRET_LOOKING.search(name) else f"{name}={value}"]
     return shlex.join([*words, "--entrypoint", cell.image.python, pin or cell.image.ref or "", *COLLECT_ENV])
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f": {lines[-1]}" if lines else ""
-
-
-def run_collect_env_local(cell: Cell, env: Mapping[str, str], timeout_s: float = COLLECT_ENV_TIMEOUT_S) -> str:
-    """collect_env's output from the image's Python, with its overlay and variables on top of
-    `env`. Raises CollectEnvError."""
-    argv = [cell.image.python, *COLLECT_ENV]
-    # Not from the caller's folder: `-m` puts it first on sys.path, and from a vLLM checkout it
-    # would report that source tree instead of the image's vLLM.
-    with tempfile.TemporaryDirectory(prefix="regbench-collect-env-") as cwd:
-        try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=image_env(cell.image, dict(env)), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        except OSError as exc:
-            raise CollectEnvError(f"cannot run {cell.image.python}: {exc.strerror or exc}") from None
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise CollectEnvError(f"{shlex.join(argv)} timed out after {timeout_s:g} s") from None
-        finally:
-            if proc.poll() is None:  # timed out, or Ctrl-C: its children (lscpu, pip, ...) too
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-    text = out.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        raise CollectEnvError(f"{shlex.join(argv)} exited with code {proc.returncode}"
-                              + _last_line(err.decode("utf-8", "replace")))
-    return text
 
 
 def _first_divergence(judged: CellSummary) -> TokenDivergence | None:

@@ -13,7 +13,7 @@ from bench.core.matrix import Cell
 from bench.core.redact import Redactor
 from bench.serve.launch import image_env
 from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, client, labels, run_options
-from bench.store.bugreport import COLLECT_ENV, COLLECT_ENV_TIMEOUT_S, SECRET_LOOKING, CollectEnvError, _last_line
+from bench.store.collect_env import COLLECT_ENV, COLLECT_ENV_TIMEOUT_S, SECRET_LOOKING, CollectEnvError, last_line
 
 API_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
@@ -57,7 +57,7 @@ def run_collect_env_docker(cell: Cell, ref: str, run_id: str, warnings: list[str
         if code != 0:
             err = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
             raise CollectEnvError(f"{cell.image.python} -m vllm.collect_env in a container of {ref} exited with "
-                                  f"code {code}" + _last_line(err))
+                                  f"code {code}" + last_line(err))
         out = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
         # The variables the image sets are not in the report's redactor, and collect_env prints some.
         return Redactor(v for n, v in baked.items() if SECRET_LOOKING.search(n)).text(out)

@@ -1,5 +1,5 @@
 """`regbench history`: every cell across the runs in the history database, and where it broke;
-`regbench history ingest DIR...`: results folders into it (bench/store/history.py)."""
+`regbench history ingest DIR...`: results folders into it (bench/history/store.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import json
 import time
 from pathlib import Path
 
-from bench.commands.console import err, out
+from bench.console import err, out
 from bench.core.config import ConfigError
 from bench.core.errors import EXIT_PASS, EXIT_USAGE, RegbenchError
-from bench.core.history import DEFAULT_WINDOW, ORDER_TEXT, ORDERS, series_of
 from bench.core.perf import parse_thresholds, threshold_list, thresholds_in_effect
-from bench.report.history import history_table, regression_lines, slowdown_lines
-from bench.report.trend import Trend, render_trend
-from bench.store.history import DEFAULT_NAME, default_url, ingest, open_history, write_page
+from bench.history.model import DEFAULT_WINDOW, ORDER_TEXT, ORDERS, series_of
+from bench.history.store import DEFAULT_NAME, default_url, ingest, open_history, write_page
+from bench.history.table import history_table, regression_lines, slowdown_lines
+from bench.history.trend import Trend, render_trend
 
 _URL_HELP = (f"the history database as an SQLAlchemy URL (default: {DEFAULT_NAME} in the results root), e.g. "
              "postgresql+psycopg://regbench@db.example/regbench for one shared by several runners")

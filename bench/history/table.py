@@ -9,9 +9,9 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
-from bench.core.history import ORDER_TEXT, CellHistory
 from bench.core.perf import MIN_RUNS
 from bench.core.verdicts import Verdict
+from bench.history.model import ORDER_TEXT, CellHistory
 
 _MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
 _STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim"}

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from markupsafe import Markup
 
-from bench.core.history import ORDER_TEXT, CellHistory, CellPoint
 from bench.core.perf import METRICS, fmt
 from bench.core.records import Record
 from bench.core.verdicts import Verdict
+from bench.history.model import ORDER_TEXT, CellHistory, CellPoint
 
 # report.html's environment, stylesheet, script and cleaner: one setup for both pages.
 from bench.report.html import CLASS, LABEL, MEANING, PAGE_CSS, PAGE_JS, TEMPLATES, tidy_html
@@ -35,7 +35,7 @@ class Trend(Record):
     thresholds: dict[str, float] | None = None
     cells: list[CellHistory]
     generated_at: float
-    by: str = "time"  # the order of each cell's points (bench.core.history.ORDERS)
+    by: str = "time"  # the order of each cell's points (bench.history.model.ORDERS)
 
 
 W, LEFT, RIGHT = 760, 72, 24
