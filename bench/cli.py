@@ -12,7 +12,8 @@ import argparse
 import os
 import sys
 
-from bench.commands import audit, clean, compare, diagnose, inspect, merge, plan, report, report_bug, run, versions
+from bench.bugreport import command as report_bug
+from bench.commands import audit, clean, compare, diagnose, inspect, merge, plan, report, run, versions
 from bench.console import err
 from bench.core.errors import RegbenchError
 from bench.history import command as history

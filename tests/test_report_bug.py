@@ -18,15 +18,15 @@ import docker
 import docker.errors
 import pytest
 
+from bench.bugreport.collect_env import CollectEnvError, run_collect_env_local
+from bench.bugreport.gather import one_cell_config
+from bench.bugreport.render import trim_lines
 from bench.cli import main
 from bench.core.config import parse_config
 from bench.core.matrix import expand
 from bench.core.records import RequestRecord, RunRecord, ServerOutcome
-from bench.report.bugreport import trim_lines
 from bench.serve.launch_docker import LABEL
 from bench.serve.launch_local import vllm_argv
-from bench.store.bugreport import one_cell_config
-from bench.store.collect_env import CollectEnvError, run_collect_env_local
 from bench.store.matrixfile import load_config
 from tests import synth
 from tests.support import CANARY, ROOT, STREAMERS, VLLM_PYTHON, needs_canary, needs_vllm, setup_missing, wait_until
@@ -333,7 +333,7 @@ def test_a_knobs_report_shows_the_divergence_its_verdict_found(tmp_path):
     """A knob's cell is compared with the cell without the knob as that cell answered, even when
     that cell failed (here: every run exited with code 1). The report's first divergence is the
     verdict's own, found against that answer."""
-    from bench.store.bugreport import gather_bug_report
+    from bench.bugreport.gather import gather_bug_report
 
     spec = synth.matrix(repeats=2)
     spec["invariance"] = [{"knobs": ["serial"]}]

@@ -1,4 +1,4 @@
-"""vLLM's collect_env in a container of a cell's image, for `regbench report-bug` (bench.store.bugreport).
+"""vLLM's collect_env in a container of a cell's image, for `regbench report-bug` (bench.bugreport.gather).
 Apart from it so that the docker SDK is imported only when a report is about a container."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from bench.bugreport.collect_env import COLLECT_ENV, COLLECT_ENV_TIMEOUT_S, SECRET_LOOKING, CollectEnvError, last_line
 from bench.core.matrix import Cell
 from bench.core.redact import Redactor
 from bench.serve.launch import image_env
 from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, client, labels, run_options
-from bench.store.collect_env import COLLECT_ENV, COLLECT_ENV_TIMEOUT_S, SECRET_LOOKING, CollectEnvError, last_line
 
 API_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 

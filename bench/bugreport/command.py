@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.bugreport.gather import write_bug_report
 from bench.console import err, out
 from bench.core.errors import EXIT_PASS
-from bench.store.bugreport import write_bug_report
 
 
 def add_cli_args(sub) -> None:

@@ -1,5 +1,5 @@
 """`regbench report-bug`: one failing cell as a Markdown issue for upstream. Pure: a BugReport in,
-text out (bench.store.bugreport gathers it from the results folder, redacts and writes).
+text out (bench.bugreport.gather gathers it from the results folder, redacts and writes).
 
 The sections are those of vLLM's bug-report issue form (vllm-project/vllm,
 .github/ISSUE_TEMPLATE/400-bug-report.yml: title "[Bug]: ", "Your current environment",
@@ -35,7 +35,7 @@ COLLECT_ENV_LINE_CHARS = 2_000  # lscpu's flags line is ~1,500
 
 @dataclass(frozen=True)
 class BugReport:
-    """Everything one issue says of a failing cell, gathered by bench.store.bugreport."""
+    """Everything one issue says of a failing cell, gathered by bench.bugreport.gather."""
 
     run_id: str
     cell: CellSummary  # the judge's (bench.core.judge.judge)
@@ -51,7 +51,7 @@ class BugReport:
     first_failing_repeat: int
     divergence: TokenDivergence | None = None  # the first one (lowest position) of the cells' runs
     exit_exception: ExitEpisode | None = None
-    # What collect_env printed when bench.store.bugreport ran it, or why it could not (both None:
+    # What collect_env printed when bench.bugreport.gather ran it, or why it could not (both None:
     # it was not asked to, `--no-collect-env`).
     collect_env_output: str | None = None
     collect_env_error: str | None = None

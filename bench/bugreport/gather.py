@@ -1,9 +1,9 @@
 """The I/O edge of `regbench report-bug`: one failing cell of a results folder gathered into a
-bench.report.bugreport.BugReport (the verdict from bench.core.judge.judge, the diagnosis from
+bench.bugreport.render.BugReport (the verdict from bench.core.judge.judge, the diagnosis from
 bench.store.evidence, the environment from its fingerprint, the commands from the records and the
 matrix as run), rendered, redacted and written beside the records with a one-cell matrix.
 
-vLLM's form asks for the output of its collect_env; that is run (bench.store.collect_env), in the
+vLLM's form asks for the output of its collect_env; that is run (bench.bugreport.collect_env), in the
 cell's environment where this host has it: the image's Python with its overlay and variables (local launcher), or a
 container of the image the run was pinned to (docker launcher; nothing is pulled for a report).
 When it cannot run, the report says why and gives the command instead: a report is not refused
@@ -18,16 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.bugreport.collect_env import COLLECT_ENV, SECRET_LOOKING, CollectEnvError, run_collect_env_local
+from bench.bugreport.render import BugReport, render
 from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
 from bench.core.judge import judge
 from bench.core.matrix import Cell, matrix_image
 from bench.core.records import CellSummary, Fingerprint, RunRecord
 from bench.core.redact import Redactor, redactor_for
 from bench.core.verdicts import ExitEpisode, TokenDivergence
-from bench.report.bugreport import BugReport, render
 from bench.serve.launch import HOST, OVERLAY_ROOT, image_env, serve_args, server_env
 from bench.serve.launchers import needs
-from bench.store.collect_env import COLLECT_ENV, SECRET_LOOKING, CollectEnvError, run_collect_env_local
 from bench.store.evidence import diagnose_results
 from bench.store.publish import open_results
 from bench.store.results import write_config
@@ -216,7 +216,7 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
         try:
             if boxed:
                 # Here, not at the top: the docker SDK only for a report of a container's cell.
-                from bench.store.collect_env_docker import run_collect_env_docker
+                from bench.bugreport.collect_env_docker import run_collect_env_docker
 
                 collected = run_collect_env_docker(cell, pin or str(cell.image.ref), results.path.name, warnings)
             else:

@@ -1,6 +1,6 @@
 """vLLM's collect_env, which vLLM's bug-report form asks for, run in a cell's environment: here,
 from the image's Python with its overlay and variables (run_collect_env_local); in a container of
-the image, bench.store.collect_env_docker. For `regbench report-bug` (bench.store.bugreport)."""
+the image, bench.bugreport.collect_env_docker. For `regbench report-bug` (bench.bugreport.gather)."""
 
 from __future__ import annotations
 
