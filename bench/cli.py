@@ -13,10 +13,11 @@ import os
 import sys
 
 from bench.bugreport import command as report_bug
-from bench.commands import audit, clean, compare, diagnose, inspect, merge, plan, report, run, versions
+from bench.commands import audit, clean, compare, diagnose, inspect, merge, plan, report, run
 from bench.console import err
 from bench.core.errors import RegbenchError
 from bench.history import command as history
+from bench.versions import command as versions
 
 # In the order `regbench --help` lists them.
 COMMANDS = (plan, run, merge, clean, report, diagnose, report_bug, compare, history, versions, inspect, audit)

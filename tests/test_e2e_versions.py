@@ -21,7 +21,7 @@ import yaml
 
 from bench.cli import main
 from bench.core.records import Summary
-from bench.core.versionmap import Kind, VersionMap
+from bench.versions.model import Kind, VersionMap
 
 from .support import CANARY, ROOT, SMOKE, STREAMERS
 

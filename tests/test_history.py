@@ -202,13 +202,13 @@ def assert_runs_as_far_as_the_probes(command: str, cell_id: str, tmp_path: Path)
 
     from bench.cli import parser
     from bench.store.matrixfile import load_config
-    from bench.versions import find_cell
+    from bench.versions.probe import find_cell
     from bench.weights.overlays import select_versions
 
     argv = shlex.split(command)
     assert argv[0] == "regbench"
     args = parser().parse_args(argv[1:])
-    assert args.command == "bisect" and args.func.__module__ == "bench.commands.versions"
+    assert args.command == "bisect" and args.func.__module__ == "bench.versions.command"
     # synth's model path (/models/m) is on no machine, a real run's is: point it at a folder.
     matrix = yaml.safe_load(Path(args.config).read_text())
     (tmp_path / "model").mkdir()
@@ -492,7 +492,7 @@ def assert_images_bisect_runs_as_far_as_the_probes(command: str, cell_id: str, t
 
     from bench.cli import parser
     from bench.store.matrixfile import load_config
-    from bench.versions import find_cell
+    from bench.versions.probe import find_cell
 
     args = parser().parse_args(shlex.split(command)[1:])
     assert args.command == "bisect" and args.streamer is None
@@ -793,9 +793,9 @@ def test_a_bisect_probe_is_its_one_cell_and_a_knobs_cell_is_refused_by_name(tmp_
     alone (no knob cells beside it, whose verdicts would be taken for the cell's); a knob's cell,
     judged against another cell, is refused naming that cell, and the history prints it no bisect."""
     from bench.core.config import parse_config
-    from bench.core.versionmap import Plan
     from bench.history.model import bisect_hints
-    from bench.versions import CellProbe, VersionsError, find_cell
+    from bench.versions.model import Plan
+    from bench.versions.probe import CellProbe, VersionsError, find_cell
 
     spec = synth.matrix(images=("img",))
     spec.update(invariance={"knobs": ["serial"], "cells": [{"load_format": "runai_streamer"}]})

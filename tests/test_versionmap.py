@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bench.cli import main
 from bench.core.verdicts import Reason
-from bench.core.versionmap import (
+from bench.versions.model import (
     BisectError,
     Kind,
     Outcome,
@@ -25,8 +25,8 @@ from bench.core.versionmap import (
     regimes,
     settled,
 )
-from bench.report.versions import markdown
-from bench.versions import VersionsError, open_map, run_bisect, run_map, write_versions
+from bench.versions.probe import VersionsError, open_map, run_bisect, run_map, write_versions
+from bench.versions.render import markdown
 from bench.weights.overlays import OverlayError, select_versions
 
 VERSIONS = [f"1.{i}" for i in range(10)]

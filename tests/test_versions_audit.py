@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.core.versionmap import Kind, VersionMap
+from bench.versions.model import Kind, VersionMap
 from bench.weights.audit import audit_checkpoint, default_python
 from bench.weights.overlays import available_versions, ensure_overlay
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from bench.core.versionmap import VersionMap
+from bench.versions.model import VersionMap
 
 
 def _cell(text: str) -> str:

@@ -24,7 +24,11 @@ from bench.core.config import CellFilter, Config, Image
 from bench.core.errors import RegbenchError
 from bench.core.matrix import Cell, expand
 from bench.core.stop import StopToken
-from bench.core.versionmap import (
+from bench.core.weights import AuditReport
+from bench.runner import NoProgress, Progress, run_matrix
+from bench.store.publish import open_results
+from bench.store.results import ResultsDir, ResultsError
+from bench.versions.model import (
     BisectState,
     Kind,
     Outcome,
@@ -34,11 +38,7 @@ from bench.core.versionmap import (
     cell_kind,
     settled,
 )
-from bench.core.weights import AuditReport
-from bench.report.versions import markdown
-from bench.runner import NoProgress, Progress, run_matrix
-from bench.store.publish import open_results
-from bench.store.results import ResultsDir, ResultsError
+from bench.versions.render import markdown
 from bench.weights.audit import audit_checkpoint
 from bench.weights.errors import ProbeError
 from bench.weights.overlays import OverlayError, ensure_overlay

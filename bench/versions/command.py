@@ -15,11 +15,10 @@ from bench.console import (
 from bench.core.config import ConfigError
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
 from bench.core.stop import StopToken
-from bench.core.versionmap import Plan, VersionMap
-from bench.report.versions import table as versions_table
 from bench.store.matrixfile import load_config
 from bench.store.results import new_run_id
-from bench.versions import (
+from bench.versions.model import Plan, VersionMap
+from bench.versions.probe import (
     AuditProbe,
     CellProbe,
     VersionsError,
@@ -29,6 +28,7 @@ from bench.versions import (
     run_map,
     write_versions,
 )
+from bench.versions.render import table as versions_table
 from bench.weights.audit import LOADERS, ORDERS, default_python
 from bench.weights.overlays import available_versions, default_cache, select_versions
 
