@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from bench.core.weights import AuditReport
 from bench.weights.audit import (
     Delivered,
     FileOrder,
@@ -23,6 +22,7 @@ from bench.weights.audit import (
 )
 from bench.weights.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
 from bench.weights.errors import AuditError, ProbeError
+from bench.weights.model import AuditReport
 from bench.weights.protocols import PROBE
 
 from .support import CANARY, ROOT, needs_vllm, shard_name, write_checkpoint

@@ -21,13 +21,13 @@ import docker
 import pytest
 
 from bench.core.config import Image
-from bench.core.weights import AuditReport
 from bench.serve.launch_docker import LABEL
 from bench.weights.audit import _parse, audit_checkpoint, file_orders
 from bench.weights.audit_docker import ContainerProbe, volumes
 from bench.weights.audit_local import LocalProbe
 from bench.weights.checkpoint import inspect_checkpoint
 from bench.weights.errors import ProbeError
+from bench.weights.model import AuditReport
 
 from .support import CANARY, ROOT, STREAMERS, VLLM_PYTHON, write_checkpoint
 

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from bench.cli import main
-from bench.core.weights import CheckpointReport, Shard, TensorInfo
 from bench.weights import checkpoint
 from bench.weights.checkpoint import NotACheckpoint, hash_tensors, inspect_checkpoint, stream_stop
+from bench.weights.model import CheckpointReport, Shard, TensorInfo
 
 from .support import CANARY, needs_canary, raw, shard_name, write_checkpoint, write_index, write_shard
 

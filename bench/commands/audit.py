@@ -12,8 +12,8 @@ from bench.console import (
     name_list,
 )
 from bench.core.config import ConfigError
-from bench.report.weights import render_audit
 from bench.weights.audit import DEFAULT_TIMEOUT_S, LOADERS, ORDERS, audit_checkpoint, default_python
+from bench.weights.render import render_audit
 
 
 def add_cli_args(sub) -> None:

@@ -7,8 +7,8 @@ import argparse
 from bench.console import (
     emit,
 )
-from bench.report.weights import render_checkpoint
 from bench.weights.checkpoint import inspect_checkpoint
+from bench.weights.render import render_checkpoint
 
 
 def add_cli_args(sub) -> None:

@@ -24,7 +24,6 @@ from bench.core.config import CellFilter, Config, Image
 from bench.core.errors import RegbenchError
 from bench.core.matrix import Cell, expand
 from bench.core.stop import StopToken
-from bench.core.weights import AuditReport
 from bench.runner import NoProgress, Progress, run_matrix
 from bench.store.publish import open_results
 from bench.store.results import ResultsDir, ResultsError
@@ -41,6 +40,7 @@ from bench.versions.model import (
 from bench.versions.render import markdown
 from bench.weights.audit import audit_checkpoint
 from bench.weights.errors import ProbeError
+from bench.weights.model import AuditReport
 from bench.weights.overlays import OverlayError, ensure_overlay
 
 # A probe runs one version into its folder and returns the settled outcome, or None when it was

@@ -39,10 +39,10 @@ from pydantic import Field, TypeAdapter, ValidationError
 from bench.core.config import Image
 from bench.core.location import is_object_uri
 from bench.core.records import Record
-from bench.core.weights import AuditReport, AuditRun, CheckpointReport, FileLoss, Mismatch, Shard, Skipped, TensorInfo
 from bench.weights import probes
 from bench.weights.checkpoint import TensorHash, checkpoint_files, hash_tensors, inspect_files, observed_stop
 from bench.weights.errors import AuditError, ProbeError
+from bench.weights.model import AuditReport, AuditRun, CheckpointReport, FileLoss, Mismatch, Shard, Skipped, TensorInfo
 from bench.weights.protocols import ProbeSpec
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its .venv-vllm is the default Python

@@ -34,7 +34,7 @@ from bench.core.diagnosis import stream_stop_releases
 from bench.core.errors import RegbenchError
 from bench.core.location import is_object_uri
 from bench.core.records import Record
-from bench.core.weights import (
+from bench.weights.model import (
     CheckpointReport,
     DtypeCount,
     IndexInfo,

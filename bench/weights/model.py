@@ -1,7 +1,7 @@
 """What `regbench inspect` and `regbench audit` say about a checkpoint: their report records.
 
 Pure pydantic models, no I/O: bench.weights reads the headers and streams the tensors to fill
-them, bench.report.weights draws them, and bench.versions reads audit reports back from a map's
+them, bench.weights.render draws them, and bench.versions reads audit reports back from a map's
 folders. The JSON of both commands is these models' dump.
 """
 

@@ -1,6 +1,6 @@
 """The console views of `regbench inspect` and `regbench audit`: their reports as rich renderables.
 
-The JSON of both commands is the reports' own dump (bench.core.weights); these are the human
+The JSON of both commands is the reports' own dump (bench.weights.model); these are the human
 output only.
 """
 
@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bench.core.diagnosis import stream_stop_releases
-from bench.core.weights import AuditReport, AuditRun, CheckpointReport
+from bench.weights.model import AuditReport, AuditRun, CheckpointReport
 
 SHOWN = 5  # names behind a failing audit run; the JSON has all of them
 
