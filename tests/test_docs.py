@@ -132,3 +132,26 @@ def test_the_release_map_in_the_readme_and_in_the_measurements_agree():
     def table(text: str) -> str:
         return text[text.index("| releases | outcome |"):].split("\n\n", 1)[0]
     assert table(README.read_text(encoding="utf-8")) == table((ROOT / "docs" / "measurements.md").read_text(encoding="utf-8"))
+
+
+def test_the_architecture_map_names_every_module():
+    """docs/architecture.md's map (its first fenced block): every package of bench/ has an entry,
+    and every module of it is named there, by its path or, in its package's entry, by its name."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = FENCE.search(text).group(0)
+    entries: dict[str, str] = {}
+    current = ""
+    for line in block.splitlines()[1:-1]:
+        head = line[:22].strip(" │")
+        if head:
+            current = head
+        entries[current] = entries.get(current, "") + " " + line[22:]
+    missing = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name in ("__init__.py", "__main__.py") or rel in entries:
+            continue
+        package = path.parent.relative_to(ROOT).as_posix() + "/"
+        if package not in entries or not re.search(rf"\b{path.stem}\b", entries[package]):
+            missing.append(rel)
+    assert missing == [], f"not named in docs/architecture.md's map: {missing}"
