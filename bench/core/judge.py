@@ -514,7 +514,11 @@ def judge_cell(
     drift added, and the probe misses the baseline shares set aside."""
     judged = sorted((r for r in runs if not r.interrupted), key=lambda r: r.repeat)
     per_run: dict[int, list[Finding]] = {r.repeat: list(own.get(r.repeat, [])) for r in judged}
-    judged_requests = sorted((q for q in requests if q.repeat in per_run), key=lambda q: q.repeat)
+    # In the workload's order within a run, not the order answers came back in (concurrency): the
+    # first finding named for the cell is then the same every time.
+    order = {p.id: i for i, p in enumerate(cell.workload.prompts)}
+    judged_requests = sorted((q for q in requests if q.repeat in per_run),
+                             key=lambda q: (q.repeat, order.get(q.prompt_id, len(order))))
     positions: list[int] = []
     diverged: dict[int, list[TokenDiff]] = {}
     if baseline:
