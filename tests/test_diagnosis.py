@@ -427,3 +427,15 @@ def test_a_server_killed_after_sigterm_is_named_with_its_last_lines():
     exited = Finding(reason="exit_code", evidence=ServerExit(phase="shutdown", exit_code=1))
     assert "server-ignored-stop" not in names(evidence(cell("safetensors", "s16", "fail", {"exit_code": 1}),
                                                        "safetensors", findings=[exited]))
+
+
+def test_seeded_twins_that_differ_are_named_a_seed_not_reproducible_and_no_twins_signature():
+    """Sampled twins with one seed that differ are no evidence for what greedy twins tell
+    (prefix cache, batch, stream text): only seed-not-reproducible names them."""
+    seeded = Finding(reason="seed_not_reproducible", prompt_id="sampled-again", evidence=TwinsDiffer(
+        other_prompt_id="sampled", position=0, token=1791, other_token=343, streamed=False, other_streamed=False,
+        seed=7, temperature=0.8))
+    c = cell("safetensors", "s17", "fail", {"seed_not_reproducible": 1, "divergence": 1})
+    matched = names(evidence(c, "safetensors", findings=[seeded], prefix_cache_hits=[0.0, 256.0]))
+    assert matched[0] == "seed-not-reproducible"
+    assert not {"prefix-cache-corruption", "batch-dependent-output", "stream-text-differs"} & set(matched)

@@ -9,11 +9,11 @@ A fault this workload cannot show is named in NOT_CAUGHT with the reason, and as
 the table then says so instead of the suite hiding it or a rule being bent to one fault.
 
 The same run on the real model (configs/cpu-faults-real.yaml: SmolLM2-135M-Instruct in bfloat16
-and float32, sixteen servers, about 20 minutes here) in the full tier (scripts/test.sh --full); its
+and float32, eighteen servers, about 20 minutes here) in the full tier (scripts/test.sh --full); its
 rows go to results/detection-real.json, which docs/data/detection-real.json records
 (scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
-Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
+Slow tier: twelve servers (one per image, and two knobs' cells), one after another, started and
 stopped by the bench.
 """
 
@@ -54,6 +54,7 @@ FAULTS = {
     "stream-repeats-prompt": ("stream_repeats_prompt", "vllm#48853: the first stream delta repeats the prompt"),
     "early-eos": ("early_eos", "vllm#15967: EOS before `min_tokens`"),
     "nan-logits": ("nan_logits", "vllm#14126: NaN logits, every token the same id"),
+    "seed-ignored": ("seed_ignored", "vllm#21310: a seeded request is not reproducible"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
 # A knob's cell (the matrix's `invariance`): the faulty image with the setting the fault needs

@@ -265,7 +265,7 @@ def fault_server(tmp_path_factory, faults: str, **env: str):
 
 @pytest.fixture(scope="class")
 def kept_server(tmp_path_factory):
-    yield from fault_server(tmp_path_factory, "batch_corrupt,early_eos,empty_detokenize,slow_decode")
+    yield from fault_server(tmp_path_factory, "batch_corrupt,early_eos,empty_detokenize,slow_decode,seed_ignored")
 
 
 @pytest.fixture(scope="class")
@@ -299,11 +299,12 @@ def test_the_healthy_reference_arms_nothing_and_is_batch_invariant(healthy, refe
 @needs_vllm
 @needs_canary
 class TestOutputKeptFaults:
-    """batch_corrupt, early_eos, empty_detokenize, slow_decode on one server: none of them
-    changes the token ids of a request alone without stop tokens, so each is checked alone."""
+    """batch_corrupt, early_eos, empty_detokenize, slow_decode, seed_ignored on one server: none of
+    them changes the token ids of a greedy request alone without stop tokens, so each is checked
+    alone."""
 
     def test_each_fault_says_where_it_armed(self, kept_server, healthy):
-        for fault in ("batch_corrupt", "early_eos", "slow_decode"):
+        for fault in ("batch_corrupt", "early_eos", "slow_decode", "seed_ignored"):
             assert any(engine_side(line) for line in kept_server.armed_in(fault)), kept_server.fault_lines()
         frontend = kept_server.armed_in("empty_detokenize")
         assert frontend and not any(engine_side(line) for line in frontend)
@@ -335,6 +336,15 @@ class TestOutputKeptFaults:
               f"({broken['finish_reason']})")
         assert len(kept["token_ids"]) >= 32
         assert len(broken["token_ids"]) == k + 1 < 32 and broken["finish_reason"] == "stop"
+
+    def test_seed_ignored_samples_a_seeded_request_differently_each_time(self, kept_server, healthy):
+        seeded = {"temperature": 0.8, "seed": 7, "max_tokens": 32, "min_tokens": 32}
+        again = [healthy.complete(PROMPT, **seeded)["token_ids"] for _ in range(2)]
+        faulty = [kept_server.complete(PROMPT, **seeded)["token_ids"] for _ in range(2)]
+        print(f"\nseed_ignored: seed 7 at temperature 0.8 twice: healthy the same 32 ids twice "
+              f"({again[0] == again[1]}), faulty first differing at token {first_difference(*faulty)}")
+        assert again[0] == again[1] and len(set(again[0])) > 1
+        assert faulty[0] != faulty[1]
 
     def test_slow_decode_slows_each_decode_step(self, kept_server, healthy, reference):
         slow, fast = kept_server.decode_s(), healthy.decode_s()

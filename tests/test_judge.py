@@ -602,3 +602,42 @@ def test_report_under_another_rule_judges_the_twins_by_it_too(tmp_path):
     # Its streamed twin differs from the baseline's at that token too (divergence, by ids).
     assert verdicts()["m__runai_streamer__cpu__img"] == ("fail", ["divergence", "inconsistent_output"])
     assert verdicts()["m__safetensors__cpu__img"] == ("pass", [])
+
+
+def test_sampled_twins_with_one_seed_must_get_the_very_same_tokens(minimal):
+    """A prompt's `sampling` (a temperature and a seed) written twice: vLLM promises a seeded
+    request reproduces, so the twins must agree token by token, even where the cell's tolerant
+    comparator would let a token in the other's top k pass; greedy twins stay inconsistent_output."""
+    from bench.core.judge import judge_twins
+    from bench.core.tokens import TokenLogprobs, comparator_for
+
+    seeded = {"temperature": 0.8, "seed": 7}
+    minimal["workload"]["prompts"] = [
+        {"id": "s", "prompt": "Once upon a time", "sampling": seeded},
+        {"id": "s-again", "prompt": "Once upon a time", "sampling": seeded},
+        {"id": "s-other-seed", "prompt": "Once upon a time", "sampling": {**seeded, "seed": 8}},
+        {"id": "greedy", "prompt": "Once upon a time"},
+    ]
+    workload = parse_config(minimal).workload
+    ids = list(range(128))
+    swapped = [0, 1, 2, 99, *range(4, 128)]
+    ranked = [TokenLogprobs(logprob=-0.1, top=[(i, -0.1), (99 if n == 3 else 1, -0.2)]) for n, i in enumerate(ids)]
+    tolerant = comparator_for("logprobs", 5)
+    same = [req(prompt_id="s", logprobs=ranked), req(prompt_id="s-again", logprobs=ranked),
+            req(prompt_id="s-other-seed", token_ids=swapped), req(prompt_id="greedy", token_ids=[9] * 128)]
+    # Another seed or greedy: no twin of theirs (the content includes the sampling).
+    assert judge_twins(same, workload, tolerant) == []
+    differ = [same[0], req(prompt_id="s-again", token_ids=swapped, logprobs=ranked), *same[2:]]
+    (f,) = judge_twins(differ, workload, tolerant)
+    assert f.reason == Reason.SEED_NOT_REPRODUCIBLE and f.prompt_id == "s-again"
+    assert (f.evidence.other_prompt_id, f.evidence.position, f.evidence.token, f.evidence.other_token) == ("s", 3, 99, 3)
+    assert f.detail == ("s-again: differs from s, the same request, at token 3: 99 vs 3, both sampled at "
+                        "temperature 0.8 with seed 7")
+
+
+def test_a_sampling_without_a_positive_temperature_is_a_config_error(minimal):
+    from bench.core.config import ConfigError
+
+    minimal["workload"]["prompts"][0]["sampling"] = {"temperature": 0, "seed": 7}
+    with pytest.raises(ConfigError, match=r"sampling\.temperature"):
+        parse_config(minimal)

@@ -279,6 +279,16 @@ class Expect(Strict):
         return any(w in text for w in wanted)
 
 
+class Sampling(Strict):
+    """A prompt sampled rather than greedy, with a seed: a contract probe. vLLM promises that a
+    request with a seed is reproducible, so two such requests of one run (twins: the same content
+    and the same sampling) must get the same tokens, whatever the model (random weights
+    included); where they do not, `seed_not_reproducible` (vllm#21310)."""
+
+    temperature: float = Field(gt=0.0, le=2.0, description="the sampling temperature (above 0)")
+    seed: int = Field(ge=0, lt=2**63, description="the request's `seed`")
+
+
 class Prompt(Strict):
     id: Name = Field(description="the prompt's name in records and reports")
     kind: Literal["completion", "chat"] = Field(
@@ -290,6 +300,9 @@ class Prompt(Strict):
     expect: Expect | None = Field(
         default=None, description="a known answer, judged without a baseline (`expectation_failed`); exactly one "
                                   "of `contains`, `regex`, `one_of`")
+    sampling: Sampling | None = Field(
+        default=None, description="sample this prompt at `temperature` with `seed` instead of the workload's; "
+                                  "write it twice (twins) to check that a seed reproduces (`seed_not_reproducible`)")
 
     @model_validator(mode="after")
     def _shape(self) -> Prompt:

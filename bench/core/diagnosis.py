@@ -27,7 +27,7 @@ from bench.core.config import ConfigError
 from bench.core.contrast import Contrast
 from bench.core.logfacts import LogFacts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Finding, RepeatedToken, ServerExit, TwinsDiffer
+from bench.core.verdicts import Finding, Reason, RepeatedToken, ServerExit, TwinsDiffer
 
 
 class _Strict(BaseModel):
@@ -207,7 +207,8 @@ class Condition(_Strict):
                 return False, "no answer of one repeated token"
             return self.repeated_token in ids, f"answers of one repeated token id: {', '.join(map(str, ids))}"
         if self.twins_differ is not None:
-            twins = [f.evidence for f in ev.findings if isinstance(f.evidence, TwinsDiffer)]
+            twins = [f.evidence for f in ev.findings
+                     if f.reason == Reason.INCONSISTENT_OUTPUT and isinstance(f.evidence, TwinsDiffer)]
             if not twins:
                 return False, "no two requests of the same content differ"
             kinds = {"text" if t.this_text is not None else "tokens" for t in twins}

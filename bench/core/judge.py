@@ -263,8 +263,9 @@ def judge_server_counters(metrics: ServerMetrics | None, requests: list[RequestR
 
 
 def _content(prompt: Prompt) -> str:
-    """What a request asks, whatever its id, whether it streams and what is expected of it."""
-    return prompt.model_dump_json(include={"kind", "prompt", "messages"})
+    """What a request asks and how it is sampled, whatever its id, whether it streams and what is
+    expected of it."""
+    return prompt.model_dump_json(include={"kind", "prompt", "messages", "sampling"})
 
 
 def _first_text_difference(a: str, b: str) -> int:
@@ -272,9 +273,11 @@ def _first_text_difference(a: str, b: str) -> int:
 
 
 def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: Comparator = EXACT) -> list[Finding]:
-    """Requests of one run with the same content must get the same tokens (inconsistent_output):
-    each against the first of its kind in workload order."""
+    """Requests of one run with the same content must get the same tokens (inconsistent_output;
+    sampled with a seed: seed_not_reproducible, token by token): each against the first of its
+    kind in workload order."""
     content = {p.id: _content(p) for p in workload.prompts}
+    sampled = {p.id: p.sampling for p in workload.prompts if p.sampling is not None}
     first: dict[str, RequestRecord] = {}
     out = []
     order = {p.id: i for i, p in enumerate(workload.prompts)}
@@ -286,6 +289,18 @@ def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: C
         ref = first.setdefault(key, req)
         theirs = ref.output
         if ref is req or theirs is None:
+            continue
+        if (sampling := sampled.get(req.prompt_id)) is not None:
+            # A seed reproduces the very tokens: a sampled token is often in the other's top k,
+            # so no tolerance applies.
+            pos = EXACT.first_difference(mine, theirs)
+            if pos is not None:
+                out.append(Finding(reason=Reason.SEED_NOT_REPRODUCIBLE, prompt_id=req.prompt_id, evidence=TwinsDiffer(
+                    other_prompt_id=ref.prompt_id, position=pos,
+                    token=mine.ids[pos] if pos < len(mine.ids) else None,
+                    other_token=theirs.ids[pos] if pos < len(theirs.ids) else None,
+                    streamed=req.stream, other_streamed=ref.stream, seed=sampling.seed,
+                    temperature=sampling.temperature)))
             continue
         pos = comparator.first_difference(mine, theirs)
         if pos is None and mine.ids == theirs.ids and (req.text or "") != (ref.text or ""):

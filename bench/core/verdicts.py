@@ -43,6 +43,12 @@ Per run: requests of the same content (bench.core.judge.judge_twins)
                          The evidence names both prompts and the first differing token; the
                          same tokens told as other text count too (a detokenizer, or a stream
                          that repeats the prompt), with both texts there
+    seed_not_reproducible  two requests of one run with the same content, sampled at the same
+                         temperature with the same seed (a prompt's `sampling`), got different
+                         token ids: vLLM promises that a seeded request is reproducible
+                         (vllm#21310). Compared token by token whatever the cell's comparator
+                         (a sampled token is often in the other side's top k); the evidence is
+                         the twins', with the seed and temperature
 
 Per run: the reference-text probe (bench.core.judge.judge_reference)
     reference_nll        the server found the config's fixed passage unlikely: its mean negative
@@ -146,6 +152,7 @@ class Reason(StrEnum):
     STREAM_TEXT_MISMATCH = "stream_text_mismatch"
     DEGENERATE = "degenerate"
     INCONSISTENT_OUTPUT = "inconsistent_output"
+    SEED_NOT_REPRODUCIBLE = "seed_not_reproducible"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -230,7 +237,7 @@ class OverLength(_Evidence):
 
 
 class TwinsDiffer(_Evidence):
-    """inconsistent_output."""
+    """inconsistent_output, seed_not_reproducible."""
 
     kind: Literal["twins_differ"] = "twins_differ"
     other_prompt_id: str  # the request it should equal (the finding's prompt_id is the later one)
@@ -242,10 +249,15 @@ class TwinsDiffer(_Evidence):
     # Set when the token ids agree and the text differs: both texts around `position`.
     this_text: str | None = None
     other_text: str | None = None
+    # seed_not_reproducible: how both were sampled.
+    seed: int | None = None
+    temperature: float | None = None
 
     def text(self) -> str:
         how = "" if self.streamed == self.other_streamed else \
             f" ({'streamed' if self.streamed else 'not streamed'} vs {'streamed' if self.other_streamed else 'not'})"
+        if self.seed is not None:
+            how += f", both sampled at temperature {self.temperature:g} with seed {self.seed}"
         if self.this_text is not None:
             return (f"the same tokens as {self.other_prompt_id}, the same request, but other text from character "
                     f"{self.position}: {self.this_text!r} vs {self.other_text!r}{how}")

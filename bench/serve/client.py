@@ -142,9 +142,11 @@ async def _send(
                             "return_token_ids": True}
     if workload.stop_token_ids:
         body["stop_token_ids"] = list(workload.stop_token_ids)
+    sampling = prompt.sampling  # a seed probe's, instead of the workload's
     common: dict[str, Any] = dict(
-        model=model, max_tokens=workload.max_tokens, temperature=workload.temperature,
-        seed=workload.seed, extra_body=body,
+        model=model, max_tokens=workload.max_tokens, extra_body=body,
+        temperature=sampling.temperature if sampling else workload.temperature,
+        seed=sampling.seed if sampling else workload.seed,
     )
     if prompt.stream:
         common.update(stream=True, stream_options={"include_usage": True})

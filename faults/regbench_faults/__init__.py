@@ -29,6 +29,7 @@ FAULTS = (
     "early_eos",
     "nan_logits",
     "slow_decode",
+    "seed_ignored",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"
