@@ -11,7 +11,6 @@ what it means. Never edited by hand: change the docstring, then --write.
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from pathlib import Path
@@ -43,9 +42,8 @@ def taxonomy() -> list[tuple[str, str, str, str]]:
             out.append([entry.group(1), where, function, entry.group(2)])
         elif out and out[-1] and line.startswith(" " * 20) and line.strip():
             out[-1][3] += " " + line.strip()
-        elif not line.strip() or not line.startswith(" " * 20):
-            if out and out[-1]:
-                out.append([])
+        elif (not line.strip() or not line.startswith(" " * 20)) and out and out[-1]:
+            out.append([])  # a blank or less indented line ends the entry
     return [(r, w, f, t) for r, w, f, t in (e for e in out if e)]
 
 
@@ -62,18 +60,11 @@ def main() -> int:
     import readme_table
 
     args = readme_table.arguments(__doc__.splitlines()[0], PAGE)
-    made = table()
-    if readme_table.write_or_show(args, SECTION, made):
-        return 0
     listed = {r for r, *_ in taxonomy()}
     bad = [f"Reason {r.value!r} is not in bench/core/verdicts.py's taxonomy" for r in verdicts.Reason
            if r.value not in listed]
-    current = readme_table.section(SECTION, args.page)
-    if current != made:
-        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), made.splitlines(True),
-                                                   str(args.page), "the taxonomy"))
-        bad.append(f"{args.page} differs from the taxonomy: run scripts/judged_reference.py --write")
-    return readme_table.verdict("findings reference", bad, "docs/judged.md lists every finding of the taxonomy")
+    return readme_table.generated(args, SECTION, table(), "the taxonomy", "scripts/judged_reference.py",
+                                  "findings reference", "docs/judged.md lists every finding of the taxonomy", bad)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ Never edited by hand: change a description in the models, then --write.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import json
 import sys
@@ -190,16 +189,9 @@ def main() -> int:
     import readme_table
 
     args = readme_table.arguments(__doc__.splitlines()[0], PAGE)
-    made = reference()
-    if readme_table.write_or_show(args, SECTION, made):
-        return 0
     bad = [f"{name}: no Field(description=...)" for name in missing_descriptions()]
-    current = readme_table.section(SECTION, args.page)
-    if current != made:
-        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), made.splitlines(True),
-                                                   str(args.page), "the models"))
-        bad.append(f"{args.page} differs from the models: run scripts/matrix_reference.py --write")
-    return readme_table.verdict("matrix reference", bad, "docs/matrix.md matches the config models")
+    return readme_table.generated(args, SECTION, reference(), "the models", "scripts/matrix_reference.py",
+                                  "matrix reference", "docs/matrix.md matches the config models", bad)
 
 
 if __name__ == "__main__":

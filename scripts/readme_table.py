@@ -88,6 +88,20 @@ def verdict(label: str, bad: list[str], ok: str) -> int:
     return 0
 
 
+def generated(args: argparse.Namespace, name: str, made: str, source: str, script: str, label: str, ok: str,
+              bad: list[str]) -> int:
+    """A reference made from code (not measured): --write, print, or --check that the page's section
+    equals `made` (a diff printed, else) and that there are no `bad` problems; the exit code."""
+    if write_or_show(args, name, made):
+        return 0
+    current = section(name, args.page)
+    if current != made:
+        sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), made.splitlines(True),
+                                                   str(args.page), source))
+        bad = [*bad, f"{args.page} differs from {source}: run {script} --write"]
+    return verdict(label, bad, ok)
+
+
 def write_or_show(args: argparse.Namespace, name: str, made: str) -> bool:
     """--write puts the table on the page, no flag prints it: True when that was all (no --check)."""
     if args.write:

