@@ -439,3 +439,21 @@ def test_seeded_twins_that_differ_are_named_a_seed_not_reproducible_and_no_twins
     matched = names(evidence(c, "safetensors", findings=[seeded], prefix_cache_hits=[0.0, 256.0]))
     assert matched[0] == "seed-not-reproducible"
     assert not {"prefix-cache-corruption", "batch-dependent-output", "stream-text-differs"} & set(matched)
+
+
+@pytest.mark.parametrize(("reason", "signature"), [
+    ("stop_ignored", "stop-string-ignored"),
+    ("banned_token", "logit-bias-ignored"),
+    ("schema_violated", "structured-output-not-enforced"),
+    ("logprobs_vary_with_k", "logprobs-vary-with-k"),
+    ("wrong_choice_count", "n-not-honoured"),
+    ("never_stops", "never-reaches-eos"),
+])
+def test_each_contract_probe_finding_names_its_own_signature_first(reason, signature):
+    c = cell("safetensors", "s17", "fail", {reason: 1, "divergence": 1})
+    matched = names(evidence(c, "safetensors"))
+    assert matched[0] == signature
+    # And no other probe's.
+    others = {"stop-string-ignored", "logit-bias-ignored", "structured-output-not-enforced", "logprobs-vary-with-k",
+              "n-not-honoured", "never-reaches-eos"} - {signature}
+    assert not others & set(matched)

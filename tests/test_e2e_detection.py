@@ -13,7 +13,7 @@ and float32, eighteen servers, about 20 minutes here) in the full tier (scripts/
 rows go to results/detection-real.json, which docs/data/detection-real.json records
 (scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
-Slow tier: twelve servers (one per image, and two knobs' cells), one after another, started and
+Slow tier: thirteen servers (one per image, and two knobs' cells), one after another, started and
 stopped by the bench.
 """
 
@@ -54,7 +54,12 @@ FAULTS = {
     "stream-repeats-prompt": ("stream_repeats_prompt", "vllm#48853: the first stream delta repeats the prompt"),
     "early-eos": ("early_eos", "vllm#15967: EOS before `min_tokens`"),
     "nan-logits": ("nan_logits", "vllm#14126: NaN logits, every token the same id"),
-    "seed-ignored": ("seed_ignored", "vllm#21310: a seeded request is not reproducible"),
+    "sampling-ignored": ("seed_ignored, logit_bias_ignored",
+                         "sampling parameters ignored (vllm#15241's family): vllm#21310, a seeded request not "
+                         "reproducible, and a logit_bias not applied"),
+    "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one",
+                        "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
+                        "`min_tokens` (vllm#15967's family)"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
 # A knob's cell (the matrix's `invariance`): the faulty image with the setting the fault needs
@@ -115,7 +120,7 @@ def count(run_dir: Path) -> list[dict]:
             rows.append({
                 "model": cell.model, "image": image, "fault": fault, "stands_for": stands_for, "run_id": summary.run_id,
                 "started_at": summary.started_at, "repeat": result.repeat,
-                "fired": fault is not None and fault in armed, "armed": armed,
+                "fired": fault is not None and all(f in armed for f in fault.split(", ")), "armed": armed,
                 "detected": bool(reasons), "reasons": reasons, "diagnosed": named.get(cell.cell_id),
                 "expected": "pass" if fault is None or image in NOT_CAUGHT else "fail",
                 "note": NOT_CAUGHT.get(image) or NOTES.get(image, ""),

@@ -265,7 +265,13 @@ def fault_server(tmp_path_factory, faults: str, **env: str):
 
 @pytest.fixture(scope="class")
 def kept_server(tmp_path_factory):
-    yield from fault_server(tmp_path_factory, "batch_corrupt,early_eos,empty_detokenize,slow_decode,seed_ignored")
+    yield from fault_server(tmp_path_factory,
+                            "batch_corrupt,early_eos,empty_detokenize,slow_decode,seed_ignored,logit_bias_ignored")
+
+
+@pytest.fixture(scope="class")
+def contract_server(tmp_path_factory):
+    yield from fault_server(tmp_path_factory, "stop_ignored,schema_dropped,min_tokens_off_by_one")
 
 
 @pytest.fixture(scope="class")
@@ -299,12 +305,12 @@ def test_the_healthy_reference_arms_nothing_and_is_batch_invariant(healthy, refe
 @needs_vllm
 @needs_canary
 class TestOutputKeptFaults:
-    """batch_corrupt, early_eos, empty_detokenize, slow_decode, seed_ignored on one server: none of
-    them changes the token ids of a greedy request alone without stop tokens, so each is checked
-    alone."""
+    """batch_corrupt, early_eos, empty_detokenize, slow_decode, seed_ignored, logit_bias_ignored on
+    one server: none of them changes the token ids of a greedy request alone without stop tokens
+    or a bias, so each is checked alone."""
 
     def test_each_fault_says_where_it_armed(self, kept_server, healthy):
-        for fault in ("batch_corrupt", "early_eos", "slow_decode", "seed_ignored"):
+        for fault in ("batch_corrupt", "early_eos", "slow_decode", "seed_ignored", "logit_bias_ignored"):
             assert any(engine_side(line) for line in kept_server.armed_in(fault)), kept_server.fault_lines()
         frontend = kept_server.armed_in("empty_detokenize")
         assert frontend and not any(engine_side(line) for line in frontend)
@@ -346,6 +352,15 @@ class TestOutputKeptFaults:
         assert again[0] == again[1] and len(set(again[0])) > 1
         assert faulty[0] != faulty[1]
 
+    def test_logit_bias_ignored_lets_a_banned_token_through(self, kept_server, healthy, reference):
+        first = reference["code"]["token_ids"][0]
+        ban = {"logit_bias": {str(first): -100}}
+        kept, broken = healthy.complete(PROMPT, **ban), kept_server.complete(PROMPT, **ban)
+        print(f"\nlogit_bias_ignored: token {first} banned: healthy generates it {kept['token_ids'].count(first)} "
+              f"times, faulty {broken['token_ids'].count(first)} (first at {broken['token_ids'].index(first)})")
+        assert first not in kept["token_ids"]
+        assert broken["token_ids"] == reference["code"]["token_ids"]  # the bias had no effect at all
+
     def test_slow_decode_slows_each_decode_step(self, kept_server, healthy, reference):
         slow, fast = kept_server.decode_s(), healthy.decode_s()
         ratio = slow / fast
@@ -353,6 +368,48 @@ class TestOutputKeptFaults:
               f"(+{(slow - fast) / 127 * 1000:.0f} ms a step; the fault adds 30)")
         assert ratio > 2
         assert kept_server.complete(PROMPT)["token_ids"] == reference["code"]["token_ids"]
+
+
+@pytest.mark.slow
+@pytest.mark.full
+@needs_vllm
+@needs_canary
+class TestContractFaults:
+    """stop_ignored (text), schema_dropped (structured requests) and min_tokens_off_by_one (EOS
+    pushed by logit_bias, which this server applies) on one contract_server: each touches only
+    the requests that ask for its feature."""
+
+    def test_each_fault_says_where_it_armed(self, contract_server):
+        assert contract_server.armed_in("stop_ignored"), contract_server.fault_lines()
+        for fault in ("schema_dropped", "min_tokens_off_by_one"):
+            assert any(engine_side(line) for line in contract_server.armed_in(fault)), contract_server.fault_lines()
+
+    def test_stop_ignored_runs_past_a_stop_string(self, contract_server, healthy):
+        stop = {"stop": ["e"], "min_tokens": 0, "max_tokens": 64}
+        kept, broken = healthy.complete(PROMPT, **stop), contract_server.complete(PROMPT, **stop)
+        print(f"\nstop_ignored: stop 'e': healthy {kept['text']!r} ({kept['finish_reason']}, "
+              f"{kept['stop_reason']!r}); faulty {broken['text'][:40]!r}... ({broken['finish_reason']})")
+        assert "e" not in kept["text"] and kept["finish_reason"] == "stop" and kept["stop_reason"] == "e"
+        assert "e" in broken["text"] and broken["finish_reason"] == "length" and len(broken["token_ids"]) == 64
+
+    def test_schema_dropped_answers_free_text(self, contract_server, healthy):
+        schema = {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"enum": ["yes", "no"]}}},
+                  "min_tokens": 0, "max_tokens": 16, "ignore_eos": False}
+        kept, broken = healthy.complete(PROMPT, **schema), contract_server.complete(PROMPT, **schema)
+        print(f"\nschema_dropped: healthy {kept['text']!r} ({kept['finish_reason']}); "
+              f"faulty {broken['text'][:40]!r} ({broken['finish_reason']})")
+        assert json.loads(kept["text"]) in ("yes", "no") and kept["finish_reason"] == "stop"
+        with pytest.raises(ValueError):
+            json.loads(broken["text"])
+
+    def test_min_tokens_off_by_one_lets_eos_through_one_token_early(self, contract_server, healthy):
+        # EOS (id 1 of the tiny canary) pushed by +100: it comes as soon as it may.
+        eos = {"min_tokens": 8, "max_tokens": 64, "ignore_eos": False, "logit_bias": {"1": 100}}
+        kept, broken = healthy.complete(PROMPT, **eos), contract_server.complete(PROMPT, **eos)
+        print(f"\nmin_tokens_off_by_one: min_tokens 8, EOS pushed: healthy {len(kept['token_ids'])} ids, "
+              f"faulty {len(broken['token_ids'])}, each ending {kept['token_ids'][-1]} / {broken['token_ids'][-1]}")
+        assert kept["token_ids"][-1] == 1 and len(kept["token_ids"]) == 9 and kept["finish_reason"] == "stop"
+        assert broken["token_ids"][-1] == 1 and len(broken["token_ids"]) == 8
 
 
 @pytest.mark.slow

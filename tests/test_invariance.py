@@ -240,3 +240,59 @@ def test_a_knob_is_compared_with_the_cell_without_it_as_it_answered_even_when_th
     same = [_req(serial.id, [0, 1, 2, 99, *range(4, 16)])]
     cells = {c.cell_id: c for c in summarize_cells(config, [failed, _run(serial.id)], batched + same)}
     assert cells[serial.id].verdict == "pass"
+
+
+def _on_profile(minimal: dict, knobs: dict, *named, **block) -> list:
+    data = with_knobs(minimal, *named, **block)
+    data["profiles"] = [{"name": "cpu", "device_kind": "cpu", "knobs": knobs}]
+    return expand(parse_config(data))
+
+
+def test_a_per_platform_knob_takes_its_arguments_from_the_cells_profile(minimal):
+    cells = _on_profile(minimal, {"eager": {"server_args": ["--enforce-eager"]},
+                                  "fp8-kv-cache": {"server_args": ["--kv-cache-dtype", "fp8_e5m2"]}},
+                        "eager", "fp8-kv-cache")
+    base, _, eager, fp8 = cells
+    assert vllm_argv(eager, eager.server, 1)[-1] == "--enforce-eager"
+    assert vllm_argv(fp8, fp8.server, 1)[-2:] == ["--kv-cache-dtype", "fp8_e5m2"]
+    assert "--enforce-eager" not in vllm_argv(base, base.server, 1)
+    # The knob a cell records is the one that ran: its arguments, as the report shows them.
+    assert eager.knob.describe() == "--enforce-eager" and not eager.knob.per_platform
+    # fp8 keys move logits a little: its own tolerant rule, whatever the matrix's.
+    assert (fp8.comparison.mode, eager.comparison.mode) == ("logprobs", base.comparison.mode)
+    assert fp8.logprobs_k == 5
+
+
+@pytest.mark.parametrize(("knobs", "why"), [
+    ({"fp8-kv-cache": {"unavailable": "the CPU backend has no fp8 KV cache"}}, "the CPU backend has no fp8 KV cache"),
+    ({}, "its profile gives it no arguments"),
+])
+def test_a_per_platform_knob_the_platform_cannot_run_is_refused_with_why(minimal, knobs, why):
+    with pytest.raises(ConfigError, match=f"knob 'fp8-kv-cache' cannot run on platform 'cpu': {why}"):
+        _on_profile(minimal, knobs, "fp8-kv-cache")
+
+
+def test_a_platform_knob_needs_arguments_or_a_reason():
+    from bench.core.config import PlatformKnob
+
+    with pytest.raises(ValueError, match="or why it is `unavailable`"):
+        PlatformKnob()
+    with pytest.raises(ValueError, match="or why it is `unavailable`"):
+        PlatformKnob(server_args=["--enforce-eager"], unavailable="no")
+
+
+def test_a_tensor_parallel_knob_serves_the_model_on_that_many_devices(minimal):
+    cells = expand(parse_config(with_knobs(minimal, {"name": "tp2", "tensor_parallel_size": 2})))
+    base, _, tp2 = cells
+    assert (base.model.tensor_parallel_size, tp2.model.tensor_parallel_size) == (1, 2)
+    assert vllm_argv(tp2, tp2.server, 2)[vllm_argv(tp2, tp2.server, 2).index("--tensor-parallel-size") + 1] == "2"
+    assert tp2.knob.describe() == "tensor-parallel size 2"
+
+
+def test_the_shipped_profiles_spell_every_per_platform_knob_or_say_why_not():
+    from bench.store.matrixfile import load_platform
+
+    per_platform = [n for n, k in BUILTIN_KNOBS.items() if k.per_platform]
+    for name in ("cpu", "h200", "dgx-spark", "agx-thor"):
+        profile = load_platform(name, ROOT / "no-such-folder")
+        assert sorted(profile.knobs) == sorted(per_platform), name

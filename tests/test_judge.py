@@ -641,3 +641,56 @@ def test_a_sampling_without_a_positive_temperature_is_a_config_error(minimal):
     minimal["workload"]["prompts"][0]["sampling"] = {"temperature": 0, "seed": 7}
     with pytest.raises(ConfigError, match=r"sampling\.temperature"):
         parse_config(minimal)
+
+
+def test_a_contract_probe_the_server_refuses_is_skipped_where_the_baseline_refuses_it_too(minimal):
+    """A server without a probe's feature (HTTP 400) skips that probe and says so; a server that
+    refuses what its baseline serves fails."""
+    from bench.core.records import ErrorKind
+
+    minimal["workload"]["prompts"][0].update(json_schema={"enum": ["yes", "no"]}, min_tokens=0, ignore_eos=False)
+    config = parse_config(minimal)
+    base_cell, cell = expand(config)
+    runs = [run(1, cell_id=base_cell.id), run(1, cell_id=cell.id)]
+
+    def refused(cell_id: str) -> RequestRecord:
+        return req(cell_id=cell_id, status=400, error_kind=ErrorKind.HTTP, text=None, token_ids=None,
+                   completion_tokens=None, finish_reason=None, error="BadRequestError: structured outputs ...")
+
+    base, other = summarize_cells(config, runs, [refused(base_cell.id), refused(cell.id)])
+    for s in (base, other):
+        assert (s.verdict, s.reasons) == ("pass", {})
+        (note,) = s.unconfirmed_probes
+        assert (note.reason, note.prompt_id) == (Reason.HTTP_ERROR, "p") and "HTTP 400" in note.why
+    assert "and so does the baseline" in other.unconfirmed_probes[0].why
+
+    answered = req(cell_id=base_cell.id, text='"no"', token_ids=[1, 2, 3], completion_tokens=3, finish_reason="stop")
+    base, other = summarize_cells(config, runs, [answered, refused(cell.id)])
+    assert base.verdict == "pass" and other.verdict == "fail" and other.reasons == {Reason.HTTP_ERROR: 1}
+    # A plain prompt's HTTP 400 is never a skipped probe.
+    minimal["workload"]["prompts"][0] = {"id": "p", "prompt": "x"}
+    config = parse_config(minimal)
+    base_cell, cell = expand(config)
+    base, other = summarize_cells(config, runs, [refused(base_cell.id), refused(cell.id)])
+    assert base.verdict == "fail" and base.unconfirmed_probes == []
+
+
+def test_an_answer_that_runs_on_where_the_baselines_ended_is_never_stops(minimal):
+    """A prompt that may end (ignore_eos false): the baseline's answer ended by itself, this one
+    ran to max_tokens (vllm#51456, hidden wherever ignore_eos is on)."""
+    minimal["workload"]["prompts"][0].update(ignore_eos=False, min_tokens=0)
+    config = parse_config(minimal)
+    base_cell, cell = expand(config)
+    runs = [run(1, cell_id=base_cell.id), run(1, cell_id=cell.id)]
+    ended = req(cell_id=base_cell.id, token_ids=[5, 6, 7, 2], completion_tokens=4, text="four", finish_reason="stop")
+    ran_on = req(cell_id=cell.id, token_ids=[5, 6, 7, *range(100, 225)], completion_tokens=128, finish_reason="length")
+    base, other = summarize_cells(config, runs, [ended, ran_on])
+    assert base.verdict == "pass" and other.verdict == "fail"
+    assert set(other.reasons) == {Reason.NEVER_STOPS, Reason.DIVERGENCE}
+    (result,) = other.run_results
+    (found,) = [f for f in result.findings if f.reason == Reason.NEVER_STOPS]
+    assert (found.evidence.tokens, found.evidence.baseline_tokens) == (128, 4)
+    assert [d.position for d in result.divergence] == [3]  # the divergence is where EOS was, not counted twice
+    # Both ended: nothing but what the tokens say.
+    also_ended = req(cell_id=cell.id, token_ids=[5, 6, 7, 2], completion_tokens=4, text="four", finish_reason="stop")
+    assert summarize_cells(config, runs, [ended, also_ended])[1].verdict == "pass"

@@ -25,6 +25,7 @@ from bench.core.judge import judge
 from bench.core.matrix import Cell, matrix_image
 from bench.core.records import CellSummary, Fingerprint, RunRecord
 from bench.core.redact import Redactor, redactor_for
+from bench.core.request import endpoint, request_body
 from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.serve.launch import HOST, OVERLAY_ROOT, image_env, serve_args, server_env
 from bench.serve.launchers import needs
@@ -121,23 +122,8 @@ def serve_command(cell: Cell, boxed: bool, run: RunRecord | None, pin: str | Non
 def curl_command(cell: Cell, prompt: Prompt, port: int, api_key: bool) -> str:
     """The request bench.serve.client._send makes for a prompt, as curl: the same body, the
     bench's extra sampling fields included."""
-    w = cell.workload
-    chat = prompt.kind == "chat"
-    body: dict = {"model": cell.model.served}
-    if chat:
-        body["messages"] = [m.model_dump() for m in prompt.messages or []]
-    else:
-        body["prompt"] = prompt.prompt or ""
-    body.update(max_tokens=w.max_tokens, temperature=w.temperature, seed=w.seed, min_tokens=w.min_tokens,
-                ignore_eos=w.ignore_eos, return_token_ids=True)
-    if w.stop_token_ids:
-        body["stop_token_ids"] = list(w.stop_token_ids)
-    if prompt.stream:
-        body.update(stream=True, stream_options={"include_usage": True})
-    if cell.logprobs_k is not None:
-        body["return_tokens_as_token_ids"] = True
-        body.update({"logprobs": True, "top_logprobs": cell.logprobs_k} if chat else {"logprobs": cell.logprobs_k})
-    url = f"http://{HOST}:{port}/v1/{'chat/completions' if chat else 'completions'}"
+    body = request_body(prompt, cell.workload, cell.model.served, cell.logprobs_k)
+    url = f"http://{HOST}:{port}/v1/{endpoint(prompt)}"
     auth = ' -H "Authorization: Bearer $VLLM_API_KEY"' if api_key else ""
     return f"{shlex.join(['curl', '-sS', url, '-H', 'Content-Type: application/json'])}{auth} -d " \
         + shlex.quote(json.dumps(body, ensure_ascii=False))

@@ -195,6 +195,10 @@ class Comparison(Strict):
     top_k: int = Field(
         default=5, ge=1, le=20,
         description="k of the `logprobs` rule")  # vLLM serves at most 20 logprobs by default
+    logprob_tolerance: float = Field(
+        default=0.05, ge=0.0, le=10.0,
+        description="nats two answers' logprobs of the same token may differ by where a rule compares values "
+                    "(`logprobs_vary_with_k`); batches of other sizes move bf16 values a little")
 
     @property
     def comparator(self) -> Comparator:
@@ -294,6 +298,11 @@ class Prompt(Strict):
     kind: Literal["completion", "chat"] = Field(
         default="completion", description="`completion` (needs `prompt`) or `chat` (needs `messages`)")
     prompt: str | None = Field(default=None, description="the text of a completion request")
+    prompt_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1,
+        description="a completion request's prompt as token ids instead of text: ids that end inside a UTF-8 "
+                    "character check that a stream does not repeat the prompt (vllm#48853; write it streamed and "
+                    "not, `inconsistent_output`)")
     messages: list[Message] | None = Field(default=None, description="the messages of a chat request")
     stream: bool = Field(default=False, description="stream the answer (gives time to first token and "
                                                      "inter-token latency)")
@@ -303,14 +312,79 @@ class Prompt(Strict):
     sampling: Sampling | None = Field(
         default=None, description="sample this prompt at `temperature` with `seed` instead of the workload's; "
                                   "write it twice (twins) to check that a seed reproduces (`seed_not_reproducible`)")
+    # Contract probes (docs/judged.md, "Contract probes"): what the request asks beyond the
+    # workload's, each with the promise the judge holds the answer to, whatever the model.
+    min_tokens: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="this prompt's `min_tokens` instead of the workload's (a "
+                                                      "shorter answer is `short_output`)")
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000,
+                                   description="this prompt's `max_tokens` instead of the workload's")
+    ignore_eos: bool | None = Field(default=None, description="this prompt's `ignore_eos` instead of the workload's")
+    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, min_length=1, max_length=8,
+        description="stop strings: the text must never contain one (`stop_ignored`). vLLM looks for them only "
+                    "once `min_tokens` are out, so such a prompt asks for none unless it says otherwise; a common "
+                    "letter (`e`) is hit by any model")
+    logit_bias: dict[int, float] | None = Field(
+        default=None, description="OpenAI `logit_bias` by token id (-100 to 100): an id biased by -100 must never "
+                                  "appear (`banned_token`); +100 on EOS with `min_tokens` checks that the server "
+                                  "still holds EOS back until then (`short_output`)")
+    n: int = Field(default=1, ge=1, le=16, description="how many choices to ask for: exactly that many must come "
+                                                         "back (`wrong_choice_count`); the first is the one judged")
+    top_logprobs: int | None = Field(
+        default=None, ge=1, le=20,
+        description="ask for this many logprobs per token instead of the comparison's k; two prompts alike but for "
+                    "it (twins) must get the same tokens with the same logprobs (`logprobs_vary_with_k`, "
+                    "vllm#44319)")
+    json_schema: dict | None = Field(
+        default=None, description="structured output: sent as `response_format` json_schema; the text must parse "
+                                  "as JSON and validate against it (`schema_violated`). Ask for `ignore_eos: false` "
+                                  "and `min_tokens: 0` so that the answer can end where the JSON does")
 
     @model_validator(mode="after")
     def _shape(self) -> Prompt:
-        if self.kind == "completion" and (self.prompt is None or self.messages is not None):
-            raise ValueError("a completion prompt needs `prompt` and no `messages`")
-        if self.kind == "chat" and (not self.messages or self.prompt is not None):
-            raise ValueError("a chat prompt needs `messages` and no `prompt`")
+        if self.kind == "completion" and ((self.prompt is None) == (self.prompt_ids is None)
+                                          or self.messages is not None):
+            raise ValueError("a completion prompt needs `prompt` or `prompt_ids` (one of them) and no `messages`")
+        if self.kind == "chat" and (not self.messages or self.prompt is not None or self.prompt_ids is not None):
+            raise ValueError("a chat prompt needs `messages` and no `prompt` or `prompt_ids`")
+        if self.stop and self.min_tokens:
+            raise ValueError("a prompt with `stop` asks for no `min_tokens`: vLLM looks for stop strings only after "
+                             "them, and the probe holds the whole text to them")
+        if self.logit_bias and not all(-100 <= b <= 100 for b in self.logit_bias.values()):
+            raise ValueError("`logit_bias` values go from -100 to 100")
+        if self.json_schema is not None:
+            import jsonschema  # only a matrix that has the probe pays for the import
+
+            try:
+                jsonschema.Draft202012Validator.check_schema(self.json_schema)
+            except jsonschema.SchemaError as exc:
+                raise ValueError(f"`json_schema` is not a JSON schema: {exc.message}") from None
         return self
+
+    def probes(self) -> list[str]:
+        """The contract-probe fields this prompt's request asks for."""
+        asked = {"stop": bool(self.stop), "logit_bias": bool(self.logit_bias), "n": self.n > 1,
+                 "json_schema": self.json_schema is not None, "top_logprobs": self.top_logprobs is not None}
+        return [name for name, on in asked.items() if on]
+
+    def request(self, workload: Workload) -> RequestShape:
+        """The token limits this prompt's request is sent with: its own where it gives them.
+        A stop probe asks for no min_tokens unless it says so (vLLM ignores stop strings before)."""
+        default_min = 0 if self.stop else workload.min_tokens
+        min_tokens = self.min_tokens if self.min_tokens is not None else default_min
+        max_tokens = self.max_tokens if self.max_tokens is not None else workload.max_tokens
+        return RequestShape(min_tokens=min_tokens, max_tokens=max_tokens,
+                            ignore_eos=workload.ignore_eos if self.ignore_eos is None else self.ignore_eos)
+
+
+class RequestShape(Strict):
+    """A prompt's token limits as sent (Prompt.request): the client sends them, the judge holds the
+    answer to them."""
+
+    min_tokens: int
+    max_tokens: int
+    ignore_eos: bool
 
 
 class Workload(Strict):
@@ -334,6 +408,13 @@ class Workload(Strict):
     def _tokens(self) -> Workload:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) > max_tokens ({self.max_tokens})")
+        for p in self.prompts:
+            if p.n > 1 and (p.sampling is None and self.temperature == 0):
+                raise ValueError(f"prompt {p.id}: n > 1 needs sampling (vLLM refuses n > 1 with greedy decoding): "
+                                 "give it `sampling`")
+            shape = p.request(self)
+            if shape.min_tokens > shape.max_tokens:
+                raise ValueError(f"prompt {p.id}: min_tokens ({shape.min_tokens}) > max_tokens ({shape.max_tokens})")
         ids = [p.id for p in self.prompts]
         if len(ids) != len(set(ids)):
             raise ValueError(f"duplicate prompt ids: {sorted({i for i in ids if ids.count(i) > 1})}")
@@ -415,6 +496,24 @@ class SlurmProfile(Strict):
     sbatch_args: list[str] = Field(default=[], description="more sbatch options, before the command line's")
 
 
+class PlatformKnob(Strict):
+    """How a per-platform knob (`eager`, `fp8-kv-cache`, ...) is spelled on a platform, or why it
+    cannot run there."""
+
+    server_args: ServerArgs = Field(default=[], description="`vllm serve` arguments the knob adds on this platform")
+    env: dict[str, str] = Field(default={}, description="environment variables it adds on this platform")
+    unavailable: str | None = Field(default=None, description="why this platform cannot run it (a matrix that "
+                                                              "asks for it is refused with this)")
+
+    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+
+    @model_validator(mode="after")
+    def _either(self) -> PlatformKnob:
+        if (self.unavailable is None) == (not self.server_args and not self.env):
+            raise ValueError("give the knob's `server_args` or `env` on this platform, or why it is `unavailable`")
+        return self
+
+
 class Platform(Strict):
     """A platform profile: what the host looks like, how to run on it (bench/profiles/NAME.yaml,
     or platforms/NAME.yaml beside a matrix)."""
@@ -440,6 +539,9 @@ class Platform(Strict):
                                 "(GPUs by CUDA index, or CPU numbers); empty: cells run one after another")
     device_kind: Literal["gpu", "cpu"] = Field(default="gpu", description="what `devices` number")
     slurm: SlurmProfile = Field(default=SlurmProfile(), description="sbatch defaults under `--executor slurm`")
+    knobs: dict[Name, PlatformKnob] = Field(
+        default={}, description="the per-platform knobs (`eager`, `compiled`, `fp8-kv-cache`, `attention-backend`, "
+                                "`spec-decode`) as spelled here, or why one cannot run here")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -480,17 +582,44 @@ class Knob(Strict):
     stream: Literal["all", "none", "inverted"] | None = Field(
         default=None, description="stream every prompt (`all`), none (`none`), or each one the other way round "
                                   "from the workload (`inverted`)")
+    tensor_parallel_size: int | None = Field(
+        default=None, ge=1, le=64, description="serve the model on this many devices instead of its own "
+                                               "`tensor_parallel_size` (vllm#48898: garbage only at TP 8)")
+    per_platform: bool = Field(
+        default=False, description="its `server_args` and `env` are each cell's platform profile's (the profile's "
+                                   "`knobs`): the same setting is spelled otherwise on each platform, and some "
+                                   "cannot run it at all")
+    comparison: Comparison | None = Field(
+        default=None, description="how its cells are compared with their originals, before the block's and the "
+                                  "matrix's (`fp8-kv-cache`: tolerant, since fp8 keys move logits a little)")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
     @model_validator(mode="after")
     def _changes_something(self) -> Knob:
-        if not (self.server_args or self.env or self.concurrency is not None or self.stream is not None):
-            raise ValueError(f"knob {self.name!r} changes nothing: give server_args, env, concurrency or stream")
+        if not (self.server_args or self.env or self.concurrency is not None or self.stream is not None
+                or self.tensor_parallel_size is not None or self.per_platform):
+            raise ValueError(f"knob {self.name!r} changes nothing: give server_args, env, concurrency, stream or "
+                             "tensor_parallel_size")
         return self
+
+    def on(self, profile: Platform) -> Knob:
+        """The knob as it runs on a platform: a per-platform knob's arguments from the profile."""
+        if not self.per_platform:
+            return self
+        spelled = profile.knobs.get(self.name)
+        if spelled is None or spelled.unavailable is not None:
+            why = spelled.unavailable if spelled is not None else "its profile gives it no arguments"
+            raise ConfigError(f"knob {self.name!r} cannot run on platform {profile.name!r}: {why}")
+        return self.model_copy(update={"server_args": list(spelled.server_args), "env": dict(spelled.env),
+                                       "per_platform": False})
 
     def describe(self) -> str:
         parts = [" ".join(self.server_args)] if self.server_args else []
+        if self.per_platform:
+            parts.append("as each platform profile spells it (its `knobs`)")
+        if self.tensor_parallel_size is not None:
+            parts.append(f"tensor-parallel size {self.tensor_parallel_size}")
         parts += [f"{k}={v}" for k, v in self.env.items()]
         if self.concurrency is not None:
             parts.append(f"concurrency {self.concurrency}")
@@ -510,6 +639,17 @@ BUILTIN_KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob(name="chunked-prefill", server_args=["--enable-chunked-prefill", "--max-num-batched-tokens", "16"]),
     # A streamed answer that differs from the same answer not streamed (vllm#48853).
     Knob(name="stream-inverted", stream="inverted"),
+    # Settings users' garbage rides on, spelled by each platform profile (`knobs`), which also
+    # says where one cannot run (docs/judged.md "Invariance"):
+    # CUDA graphs / torch.compile against eager (vllm#43631, on GB10).
+    Knob(name="eager", per_platform=True),
+    Knob(name="compiled", per_platform=True),
+    # An fp8 KV cache (vllm#38652, #41343): values move a little by design, so tolerant.
+    Knob(name="fp8-kv-cache", per_platform=True, comparison=Comparison(mode="logprobs", top_k=5)),
+    # Another attention backend than the platform's default (vllm#53481: FlashInfer only).
+    Knob(name="attention-backend", per_platform=True),
+    # Speculative decoding (n-gram): greedy output must not change.
+    Knob(name="spec-decode", per_platform=True),
 )}
 
 

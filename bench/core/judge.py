@@ -12,10 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from bench.core.config import Comparison, Prompt, ReferenceText, Workload
+from bench.core.config import Comparison, Prompt, ReferenceText, RequestShape, Workload
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
 from bench.core.matrix import Cell, expand, matrix_image
 from bench.core.perf import cell_perf
+from bench.core.probes import judge_probes, stopped_by_probe
 from bench.core.records import (
     CellSummary,
     ErrorKind,
@@ -41,7 +42,9 @@ from bench.core.verdicts import (
     ExitEpisode,
     ExpectationMissed,
     Finding,
+    LogprobsByK,
     OverLength,
+    RanOn,
     Reason,
     ReferenceLikelihood,
     RepeatedToken,
@@ -78,39 +81,56 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
     def finding(reason: Reason, evidence) -> Finding:
         return Finding(reason=reason, evidence=evidence, prompt_id=req.prompt_id)
 
+    prompt = next((p for p in workload.prompts if p.id == req.prompt_id), None)
     if req.error_kind is not None:
         reason = _ERROR_REASON[req.error_kind]
         if req.error_kind == ErrorKind.HTTP and _NON_FINITE.search(req.error or ""):
             reason = Reason.NON_FINITE_OUTPUT
-        return [finding(reason, RequestFailed(status=req.status, error=req.error))]
+        probes = prompt.probes() if prompt is not None and reason == Reason.HTTP_ERROR else []
+        return [finding(reason, RequestFailed(status=req.status, error=req.error, probe=probes or None))]
 
     out: list[Finding] = []
-    tokens = req.completion_tokens
+    shape = prompt.request(workload) if prompt is not None else \
+        RequestShape(min_tokens=workload.min_tokens, max_tokens=workload.max_tokens, ignore_eos=workload.ignore_eos)
+    # Usage counts every choice's tokens (n > 1): held to the ids of all of them, and the first
+    # choice's own count is its ids'.
+    several = req.choice_tokens is not None and len(req.choice_tokens) > 1
+    tokens = len(req.token_ids or []) if several else req.completion_tokens
     text = req.text or ""
-    if text == "":
+    stopped = stopped_by_probe(req, prompt)
+    if text == "" and not stopped:
         out.append(finding(Reason.EMPTY_TEXT, EmptyText(completion_tokens=tokens, finish_reason=req.finish_reason,
                                                         absent=req.text is None)))
     ids_given = len(req.token_ids) if req.token_ids is not None else None
-    if max((n for n in (tokens, ids_given) if n is not None), default=0) > workload.max_tokens:
+    if max((n for n in (tokens, ids_given) if n is not None), default=0) > shape.max_tokens:
         out.append(finding(Reason.OVER_MAX_TOKENS, OverLength(usage_tokens=tokens, token_ids=ids_given,
-                                                              max_tokens=workload.max_tokens)))
+                                                              max_tokens=shape.max_tokens)))
     if tokens is not None:
-        if tokens == 1 and workload.min_tokens > 1:
-            out.append(finding(Reason.ONE_TOKEN, TokenCount(completion_tokens=1, min_tokens=workload.min_tokens)))
-        elif tokens < workload.min_tokens:
-            out.append(finding(Reason.SHORT_OUTPUT, TokenCount(completion_tokens=tokens, min_tokens=workload.min_tokens)))
-        ids_count = len(req.token_ids) if req.token_ids is not None else None
-        if (tokens > 0 and text == "") or (ids_count is not None and ids_count != tokens):
+        # An answer ended by EOS or a stop token id carries that token last: min_tokens counts the
+        # tokens before it (vLLM masks EOS until then), so an EOS let through one token early
+        # leaves min_tokens tokens in all and one too few before it.
+        on_token = req.finish_reason == "stop" and not isinstance(req.stop_reason, str) and tokens > 0
+        before = tokens - 1 if on_token else tokens
+        if tokens == 1 and shape.min_tokens > 1:
+            out.append(finding(Reason.ONE_TOKEN, TokenCount(completion_tokens=1, min_tokens=shape.min_tokens)))
+        elif before < shape.min_tokens:
+            out.append(finding(Reason.SHORT_OUTPUT, TokenCount(completion_tokens=tokens, min_tokens=shape.min_tokens,
+                                                               stop_token_last=on_token)))
+        usage = req.completion_tokens or 0
+        ids_count = sum(req.choice_tokens) if several and req.choice_tokens else ids_given
+        if (usage > 0 and text == "" and not stopped) or (ids_count is not None and ids_count != usage):
             out.append(finding(Reason.USAGE_TEXT_MISMATCH,
-                               UsageMismatch(usage_tokens=tokens, token_ids=ids_count, text_chars=len(text))))
+                               UsageMismatch(usage_tokens=usage, token_ids=ids_count, text_chars=len(text))))
     if (told := stream_text_differs(req)) is not None:
         out.append(finding(Reason.STREAM_TEXT_MISMATCH, told))
     ids = req.token_ids or []
     if len(ids) >= DEGENERATE_MIN_TOKENS and len(set(ids)) == 1:
         out.append(finding(Reason.DEGENERATE, RepeatedToken(count=len(ids), token_id=ids[0])))
-    expect = next((p.expect for p in workload.prompts if p.id == req.prompt_id), None)
-    if expect is not None and not expect.holds(text):
-        out.append(finding(Reason.EXPECTATION_FAILED, ExpectationMissed(expected=expect.describe(), answer=text[:200])))
+    if prompt is not None and prompt.expect is not None and not prompt.expect.holds(text):
+        out.append(finding(Reason.EXPECTATION_FAILED, ExpectationMissed(expected=prompt.expect.describe(),
+                                                                        answer=text[:200])))
+    if prompt is not None:
+        out.extend(judge_probes(req, prompt))
     return out
 
 
@@ -255,7 +275,7 @@ def judge_server_counters(metrics: ServerMetrics | None, requests: list[RequestR
         return []
     if any(q.error_kind is not None or q.token_ids is None for q in requests):
         return []
-    received = sum(len(q.token_ids or []) for q in requests)
+    received = sum(sum(q.choice_tokens) if q.choice_tokens else len(q.token_ids or []) for q in requests)
     if metrics.generation_tokens == received:
         return []
     return [Finding(reason=Reason.TOKEN_COUNT_MISMATCH, evidence=CounterMismatch(
@@ -265,19 +285,47 @@ def judge_server_counters(metrics: ServerMetrics | None, requests: list[RequestR
 def _content(prompt: Prompt) -> str:
     """What a request asks and how it is sampled, whatever its id, whether it streams and what is
     expected of it."""
-    return prompt.model_dump_json(include={"kind", "prompt", "messages", "sampling"})
+    return prompt.model_dump_json(include={"kind", "prompt", "prompt_ids", "messages", "sampling", "min_tokens", "max_tokens",
+                                           "ignore_eos", "stop", "logit_bias", "n", "json_schema"})
 
 
 def _first_text_difference(a: str, b: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: Comparator = EXACT) -> list[Finding]:
+def _logprobs_by_k(req: RequestRecord, ref: RequestRecord, k: int | None, other_k: int | None,
+                   comparator: Comparator, tolerance: float) -> Finding | None:
+    """Twins that asked for different numbers of logprobs: the same tokens, as the comparator sees
+    them, with the same logprob for each, within the tolerance (logprobs_vary_with_k)."""
+    mine, theirs = req.output, ref.output
+    if mine is None or theirs is None:
+        return None
+    differ = comparator.first_difference(mine, theirs)
+    agree = min(len(mine.ids), len(theirs.ids)) if differ is None else differ
+    moved = next((i for i in range(agree) if (a := mine.at(i)) is not None and (b := theirs.at(i)) is not None
+                  and a.logprob is not None and b.logprob is not None and abs(a.logprob - b.logprob) > tolerance),
+                 None)
+    if differ is None and moved is None:
+        return None
+    at = moved if moved is not None else differ
+    assert at is not None
+    mine_lp, theirs_lp = mine.at(at), theirs.at(at)
+    return Finding(reason=Reason.LOGPROBS_VARY_WITH_K, prompt_id=req.prompt_id, evidence=LogprobsByK(
+        other_prompt_id=ref.prompt_id, k=k, other_k=other_k, position=at, token_differs=moved is None,
+        token=mine.ids[at] if at < len(mine.ids) else None,
+        other_token=theirs.ids[at] if at < len(theirs.ids) else None,
+        logprob=mine_lp.logprob if mine_lp else None, other_logprob=theirs_lp.logprob if theirs_lp else None,
+        tolerance=tolerance))
+
+
+def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: Comparator = EXACT,
+                tolerance: float = 0.05) -> list[Finding]:
     """Requests of one run with the same content must get the same tokens (inconsistent_output;
-    sampled with a seed: seed_not_reproducible, token by token): each against the first of its
-    kind in workload order."""
+    sampled with a seed: seed_not_reproducible, token by token; asked for other numbers of
+    logprobs: logprobs_vary_with_k): each against the first of its kind in workload order."""
     content = {p.id: _content(p) for p in workload.prompts}
     sampled = {p.id: p.sampling for p in workload.prompts if p.sampling is not None}
+    asked_k = {p.id: p.top_logprobs for p in workload.prompts}
     first: dict[str, RequestRecord] = {}
     out = []
     order = {p.id: i for i, p in enumerate(workload.prompts)}
@@ -289,6 +337,11 @@ def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: C
         ref = first.setdefault(key, req)
         theirs = ref.output
         if ref is req or theirs is None:
+            continue
+        if asked_k.get(req.prompt_id) != asked_k.get(ref.prompt_id):
+            if (by_k := _logprobs_by_k(req, ref, asked_k.get(req.prompt_id), asked_k.get(ref.prompt_id),
+                                       comparator, tolerance)) is not None:
+                out.append(by_k)
             continue
         if (sampling := sampled.get(req.prompt_id)) is not None:
             # A seed reproduces the very tokens: a sampled token is often in the other's top k,
@@ -325,7 +378,7 @@ def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: C
 def judge_run(
     outcome: ServerOutcome, requests: Iterable[RequestRecord], workload: Workload, shutdown_log: str, log_tail: str,
     reference: ReferenceScore | None = None, probe: ReferenceText | None = None,
-    metrics: ServerMetrics | None = None, comparator: Comparator = EXACT,
+    metrics: ServerMetrics | None = None, comparator: Comparator = EXACT, tolerance: float = 0.05,
 ) -> list[Finding]:
     """One run's own findings, from what was observed of it (no baseline): every per-run rule."""
     requests = list(requests)
@@ -333,7 +386,7 @@ def judge_run(
     order = {p.id: i for i, p in enumerate(workload.prompts)}  # the workload's order, as reports list prompts
     for req in sorted(requests, key=lambda r: (order.get(r.prompt_id, len(order)), r.prompt_id)):
         findings.extend(judge_request(req, workload))
-    findings.extend(judge_twins(requests, workload, comparator))
+    findings.extend(judge_twins(requests, workload, comparator, tolerance))
     findings.extend(judge_server_counters(metrics, requests))
     if probe is not None:
         findings.extend(judge_reference(reference, probe))
@@ -353,7 +406,7 @@ def run_findings(cell: Cell, run: RunRecord, requests: Iterable[RequestRecord], 
     metrics = run.perf.metrics if run.perf is not None else None
     found = judge_run(run.server, [q for q in requests if q.repeat == run.repeat], cell.workload,
                       log.shutdown if log else "", log.tail if log else "", run.reference, cell.reference_text,
-                      metrics, comparator)
+                      metrics, comparator, cell.comparison.logprob_tolerance)
     if log is None:
         found = [f for f in found if f.reason not in LOG_ONLY_REASONS] + \
                 [f for f in run.findings if f.reason in LOG_ONLY_REASONS]
@@ -362,8 +415,9 @@ def run_findings(cell: Cell, run: RunRecord, requests: Iterable[RequestRecord], 
 
 def own_findings(result: RunResult) -> list[Finding]:
     """A judged run's own findings: without those that compare it with its baseline (divergence,
-    a knob's broken invariance, a reference score drifted from the baseline's)."""
-    return [f for f in result.findings if f.reason not in (Reason.DIVERGENCE, Reason.INVARIANCE_BROKEN)
+    a knob's broken invariance, an answer that ran on where the baseline's ended, a reference
+    score drifted from the baseline's)."""
+    return [f for f in result.findings if f.reason not in (Reason.DIVERGENCE, Reason.INVARIANCE_BROKEN, Reason.NEVER_STOPS)
             and not (isinstance(f.evidence, ReferenceLikelihood) and f.evidence.baseline_nll is not None)]
 
 
@@ -423,10 +477,16 @@ def baseline_of(runs: list[RunRecord], requests: list[RequestRecord], own: dict[
     return Baseline(outputs=reference_outputs(runs, requests, own, as_answered), mean_nll=nll, missed=missed)
 
 
+def refused_probe(f: Finding) -> bool:
+    """A contract probe's request the server refused as a bad request: it lacks the feature."""
+    return f.reason == Reason.HTTP_ERROR and isinstance(f.evidence, RequestFailed) \
+        and bool(f.evidence.probe) and f.evidence.status == 400
+
+
 def probe_key(f: Finding) -> tuple[Reason, str | None] | None:
     """Which absolute probe a finding is a miss of (a known answer on a prompt, or the
     reference-text ceiling); None for every other finding."""
-    if f.reason == Reason.EXPECTATION_FAILED:
+    if f.reason == Reason.EXPECTATION_FAILED or refused_probe(f):
         return (f.reason, f.prompt_id)
     if f.reason == Reason.REFERENCE_NLL and isinstance(f.evidence, ReferenceLikelihood) \
             and f.evidence.max_mean_nll is not None and f.evidence.error is None:
@@ -453,6 +513,8 @@ def set_aside_probes(findings: list[Finding], shared: frozenset[tuple[Reason, st
         if is_shared(f) and f.reason == Reason.EXPECTATION_FAILED and not reference_stands \
                 and f.prompt_id not in diverged:
             aside.add(id(f))
+        elif is_shared(f) and refused_probe(f):
+            aside.add(id(f))  # nothing to corroborate: the feature is missing on both sides
     return [f for f in findings if id(f) not in aside], [f for f in findings if id(f) in aside]
 
 
@@ -467,7 +529,11 @@ def _probe_notes(set_aside: dict[int, list[Finding]], is_baseline: bool) -> list
            "the baseline misses it too and this run does not diverge from the baseline's answer nor "
            "score worse on the reference text: the probe does not hold for this model and numerics, "
            "or the baseline answers wrongly as well")
-    return [ProbeNote(reason=reason, prompt_id=prompt, runs=len(fs), detail=fs[0].detail, why=why)
+    refused = ("the server refuses this contract probe's feature (HTTP 400), and so does the baseline: the "
+               "probe is skipped on this server") if not is_baseline else (
+               "the server refuses this contract probe's feature (HTTP 400): the probe is skipped on this server")
+    return [ProbeNote(reason=reason, prompt_id=prompt, runs=len(fs), detail=fs[0].detail,
+                      why=refused if reason == Reason.HTTP_ERROR else why)
             for (reason, prompt), fs in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
@@ -498,6 +564,11 @@ def divergence(
         if pos is not None:
             evidence = _divergence_evidence(mine, ref, pos, comparator)
             out.append((req.repeat, pos, Finding(reason=Reason.DIVERGENCE, evidence=evidence, prompt_id=req.prompt_id)))
+        if ref.ended and mine.ended is False and len(mine.ids) > len(ref.ids):
+            # Only an answer that may end (ignore_eos false) can end by itself: the baseline's did.
+            out.append((req.repeat, len(ref.ids), Finding(reason=Reason.NEVER_STOPS, prompt_id=req.prompt_id,
+                                                          evidence=RanOn(tokens=len(mine.ids),
+                                                                         baseline_tokens=len(ref.ids)))))
     return out
 
 
@@ -538,6 +609,9 @@ def judge_cell(
     diverged: dict[int, list[TokenDiff]] = {}
     if baseline:
         for repeat, pos, f in divergence(judged_requests, baseline.outputs, comparator):
+            if f.reason == Reason.NEVER_STOPS:
+                per_run[repeat].append(f)
+                continue
             if cell.knob is not None:
                 # The one thing that differs from the cell it is compared with is the knob.
                 f = Finding(reason=Reason.INVARIANCE_BROKEN, prompt_id=f.prompt_id,

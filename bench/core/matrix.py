@@ -156,14 +156,19 @@ def knob_cells(cells: list[Cell], invariance: Invariance) -> list[Cell]:
         raise ConfigError("invariance: its `cells` filters pick no cell of the matrix")
     out = []
     for origin in picked:
-        for knob in invariance.knobs:
+        for named in invariance.knobs:
+            knob = named.on(origin.profile)  # a per-platform knob as this platform spells it
             image = origin.image.model_copy(update={"name": f"{origin.image.name}{KNOB_SEP}{knob.name}"})
+            comparison = knob.comparison or invariance.comparison or origin.comparison
+            model = origin.model if knob.tensor_parallel_size is None else \
+                origin.model.model_copy(update={"tensor_parallel_size": knob.tensor_parallel_size})
             out.append(origin.model_copy(update={
                 "id": cell_id(origin.model.name, origin.load_format.name, origin.platform, image.name),
+                "model": model,
                 "image": image,
                 "workload": _knob_workload(origin.workload, knob),
-                "comparison": invariance.comparison or origin.comparison,
-                "logprobs_k": _logprobs_k(invariance.comparison or origin.comparison),
+                "comparison": comparison,
+                "logprobs_k": _logprobs_k(comparison),
                 "is_baseline": False,
                 "baseline_id": origin.id,
                 "knob": knob,

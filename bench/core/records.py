@@ -41,6 +41,11 @@ class RequestRecord(Record):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
+    # vLLM's stop_reason: the stop string or stop token id that ended the answer (None: EOS or length).
+    stop_reason: str | int | None = None
+    # Token ids received per choice, one entry per choice that came back (a prompt's `n`; the first
+    # choice is the one recorded above). None in records written before choices were counted.
+    choice_tokens: list[int] | None = None
     # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
@@ -52,7 +57,10 @@ class RequestRecord(Record):
 
     @property
     def output(self) -> Output | None:
-        return None if self.token_ids is None else Output(ids=self.token_ids, logprobs=self.logprobs)
+        if self.token_ids is None:
+            return None
+        ended = None if self.finish_reason is None else self.finish_reason == "stop"
+        return Output(ids=self.token_ids, logprobs=self.logprobs, ended=ended)
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -235,10 +243,11 @@ class TokenDiff(Record):
 
 class ProbeNote(Record):
     """An absolute probe (a known answer, the reference-text ceiling) that a cell's runs missed
-    while the baseline cell missed it too and nothing else corroborated it: not counted against
-    the cell (bench.core.judge.set_aside_probes), reported on its own."""
+    while the baseline cell missed it too and nothing else corroborated it, or a contract probe
+    the server refuses as its baseline does: not counted against the cell
+    (bench.core.judge.set_aside_probes), reported on its own."""
 
-    reason: Reason  # expectation_failed or reference_nll
+    reason: Reason  # expectation_failed, reference_nll, or http_error (a contract probe the server refuses)
     prompt_id: str | None = None  # the known answer's prompt; None for the reference text
     runs: int  # how many judged runs of the cell missed it
     detail: str  # one missed run's evidence

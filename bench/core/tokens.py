@@ -45,6 +45,9 @@ class Output(BaseModel):
 
     ids: list[int]
     logprobs: list[TokenLogprobs] | None = None
+    # Whether the answer ended by itself (EOS, a stop token or string) rather than at max_tokens;
+    # None where not known. Not compared: the judge asks it of a baseline (never_stops).
+    ended: bool | None = None
 
     def at(self, i: int) -> TokenLogprobs | None:
         return self.logprobs[i] if self.logprobs is not None and i < len(self.logprobs) else None

@@ -15,7 +15,8 @@ Per request (bench.core.judge.judge_request)
     empty_text           the completion's text is "", or absent (null) altogether: the evidence
                          says which
     one_token            exactly one completion token although min_tokens asked for more
-    short_output         fewer completion tokens than min_tokens
+    short_output         fewer completion tokens than min_tokens (the prompt's own where it gives
+                         one), not counting the EOS or stop token id that ended the answer
     over_max_tokens      more completion tokens than max_tokens, by usage or by the returned ids
                          (vllm#28172: an off-by-one in the length check)
     usage_text_mismatch  usage counts tokens that the text does not show (tokens > 0, text ""),
@@ -34,6 +35,21 @@ Per request (bench.core.judge.judge_request)
                          Not counted when the baseline cell misses the same answer too and
                          nothing corroborates it (see "Absolute probes" below)
 
+Per request: contract probes (bench.core.probes; a prompt's `stop`, `logit_bias`, `n`,
+`json_schema`): promises of the OpenAI API that hold for any model, random weights included
+    stop_ignored         the text contains one of the prompt's stop strings: the server did not
+                         stop there (vLLM looks for them once min_tokens are out, and a stop
+                         probe asks for none). The evidence has the string, where it is, and
+                         the finish_reason
+    banned_token         a token id the prompt biased by -100 (`logit_bias`) was generated; the
+                         evidence has the id and its position
+    wrong_choice_count   the prompt asked for `n` choices and another number came back
+    schema_violated      a structured-output answer (`json_schema`, sent as `response_format`)
+                         does not parse as JSON or does not validate against the schema; the
+                         evidence has the error, the finish_reason and the text's start. An
+                         answer cut at max_tokens counts: size a probe's schema so that a
+                         healthy server ends it well within
+
 Per run: requests of the same content (bench.core.judge.judge_twins)
     inconsistent_output  two requests of one run with the same content (kind, prompt or messages;
                          streamed or not) got different token ids, as the cell's comparator sees
@@ -49,6 +65,12 @@ Per run: requests of the same content (bench.core.judge.judge_twins)
                          (vllm#21310). Compared token by token whatever the cell's comparator
                          (a sampled token is often in the other side's top k); the evidence is
                          the twins', with the seed and temperature
+    logprobs_vary_with_k two requests of one run alike but for how many logprobs they asked
+                         for (a prompt's `top_logprobs`, k = 1 against 20) got other tokens (as
+                         the cell's comparator sees them), or the same token with logprobs
+                         further apart than the comparison's `logprob_tolerance` (vllm#44319):
+                         how many alternatives are shown must not change what was chosen, nor
+                         its value. The evidence has both k, the position and both values
 
 Per run: the reference-text probe (bench.core.judge.judge_reference)
     reference_nll        the server found the config's fixed passage unlikely: its mean negative
@@ -92,9 +114,19 @@ Per cell, against its baseline cell (bench.core.judge.divergence)
                          first differing position (0 = the very first token), both tokens there
                          (id, text where known, logprob) and each one's rank in the other
                          side's top k
+    never_stops          the baseline's answer to a prompt ended by itself (EOS, a stop token or
+                         string) and this one ran to max_tokens: only for prompts that may end
+                         (`ignore_eos: false`; every other prompt runs to max_tokens by design).
+                         vllm#51456: corrupt output that never reaches EOS, which ignore_eos hides.
+                         The evidence has both lengths
     invariance_broken    a knob's cell (an `invariance` block: serial, no prefix caching, ...)
                          answers otherwise than the same cell without the knob, as that cell
                          answered, right or wrong; the evidence is a divergence's, with the knob
+
+Contract probes the server lacks (bench.core.judge.set_aside_probes)
+    A probe request answered HTTP 400 (the server refuses the feature: no structured-output
+    backend, a parameter it does not know) is skipped where the baseline cell refuses it too, and
+    said so as an unconfirmed probe; where the baseline served it, the http_error stands.
 
 Absolute probes shared with the baseline (bench.core.judge.set_aside_probes)
     A known answer (`expect`) and the reference-text ceiling judge a server against a fixed
@@ -153,6 +185,11 @@ class Reason(StrEnum):
     DEGENERATE = "degenerate"
     INCONSISTENT_OUTPUT = "inconsistent_output"
     SEED_NOT_REPRODUCIBLE = "seed_not_reproducible"
+    LOGPROBS_VARY_WITH_K = "logprobs_vary_with_k"
+    STOP_IGNORED = "stop_ignored"
+    BANNED_TOKEN = "banned_token"
+    WRONG_CHOICE_COUNT = "wrong_choice_count"
+    SCHEMA_VIOLATED = "schema_violated"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -164,6 +201,7 @@ class Reason(StrEnum):
     EXIT_EXCEPTION = "exit_exception"
     EXIT_CODE = "exit_code"
     DIVERGENCE = "divergence"
+    NEVER_STOPS = "never_stops"
     INVARIANCE_BROKEN = "invariance_broken"  # a knob's cell differs from the same cell without the knob
     WEIGHTS_LOST = "weights_lost"
     FINGERPRINT_CHANGED = "fingerprint_changed"
@@ -194,6 +232,9 @@ class RequestFailed(_Evidence):
     kind: Literal["request_failed"] = "request_failed"
     status: int | None = None
     error: str | None = None
+    # The contract-probe fields the request asked for (a prompt's `stop`, `json_schema`, ...): a
+    # server that refuses the feature itself, as its baseline does, skips the probe.
+    probe: list[str] | None = None
 
     def text(self) -> str:
         return (f"HTTP {self.status}: " if self.status else "") + str(self.error)
@@ -216,10 +257,15 @@ class TokenCount(_Evidence):
     kind: Literal["token_count"] = "token_count"
     completion_tokens: int
     min_tokens: int
+    # The answer ended on EOS or a stop token id, which is not counted against min_tokens.
+    stop_token_last: bool = False
 
     def text(self) -> str:
         if self.completion_tokens == 1:
             return "1 completion token"
+        if self.stop_token_last:
+            return (f"{self.completion_tokens - 1} tokens before the stop token that ended it "
+                    f"< min_tokens {self.min_tokens}")
         return f"{self.completion_tokens} < min_tokens {self.min_tokens}"
 
 
@@ -299,6 +345,94 @@ class RepeatedToken(_Evidence):
 
     def text(self) -> str:
         return f"all {self.count} token ids are {self.token_id}"
+
+
+class RanOn(_Evidence):
+    """never_stops."""
+
+    kind: Literal["ran_on"] = "ran_on"
+    tokens: int  # this answer's, to max_tokens
+    baseline_tokens: int  # the baseline's, ended by itself
+
+    def text(self) -> str:
+        return (f"ran to max_tokens ({self.tokens} tokens) where the baseline's answer ended by itself after "
+                f"{self.baseline_tokens}")
+
+
+class LogprobsByK(_Evidence):
+    """logprobs_vary_with_k."""
+
+    kind: Literal["logprobs_by_k"] = "logprobs_by_k"
+    other_prompt_id: str
+    k: int | None  # the logprobs this request asked for (None: the comparison's)
+    other_k: int | None
+    position: int
+    token_differs: bool  # the tokens differ there; else the same token's logprobs do
+    token: int | None = None
+    other_token: int | None = None
+    logprob: float | None = None
+    other_logprob: float | None = None
+    tolerance: float
+
+    def text(self) -> str:
+        ks = f"k = {self.k or 'default'} vs {self.other_k or 'default'} ({self.other_prompt_id})"
+        if self.token_differs:
+            return f"other tokens with {ks} at token {self.position}: {self.token} vs {self.other_token}"
+        return (f"token {self.token} at {self.position} has logprob {self.logprob:.4f} vs {self.other_logprob:.4f} "
+                f"with {ks}, more than {self.tolerance:g} apart")
+
+
+class StopPassed(_Evidence):
+    """stop_ignored."""
+
+    kind: Literal["stop_passed"] = "stop_passed"
+    stop: str  # the stop string found in the text
+    position: int  # its first character's index in the text
+    finish_reason: str | None
+    around: str  # the text around it
+
+    def text(self) -> str:
+        return (f"the text holds the stop string {self.stop!r} at character {self.position} "
+                f"({self.around!r}), finish_reason {self.finish_reason}")
+
+
+class BannedToken(_Evidence):
+    """banned_token."""
+
+    kind: Literal["banned_token"] = "banned_token"
+    token: int
+    position: int  # first place it was generated, 0-based
+    count: int  # how many times
+    bias: float
+
+    def text(self) -> str:
+        return (f"token {self.token}, biased by {self.bias:g}, was generated {self.count} time(s), first at "
+                f"token {self.position}")
+
+
+class ChoiceCount(_Evidence):
+    """wrong_choice_count."""
+
+    kind: Literal["choice_count"] = "choice_count"
+    asked: int
+    got: int
+
+    def text(self) -> str:
+        return f"{self.got} choice(s) came back, n = {self.asked} were asked for"
+
+
+class SchemaMiss(_Evidence):
+    """schema_violated."""
+
+    kind: Literal["schema_miss"] = "schema_miss"
+    error: str  # the parser's or the validator's words
+    parsed: bool  # the text was JSON, and did not validate
+    finish_reason: str | None
+    answer: str  # the text's first 200 characters
+
+    def text(self) -> str:
+        what = "does not validate against the schema" if self.parsed else "is not JSON"
+        return f"the answer {what} ({self.error}; finish_reason {self.finish_reason}): {self.answer!r}"
 
 
 class ExpectationMissed(_Evidence):
@@ -431,7 +565,8 @@ class Note(_Evidence):
 
 Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken
-    | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch | Note,
+    | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch
+    | StopPassed | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

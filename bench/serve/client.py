@@ -20,6 +20,7 @@ import openai
 
 from bench.core.config import Prompt, Workload
 from bench.core.records import ErrorKind, ReferenceScore, RequestRecord
+from bench.core.request import request_body, sdk_arguments
 from bench.core.tokens import TokenLogprobs
 
 CONNECT_TIMEOUT_S = 5.0
@@ -95,9 +96,15 @@ class _Result:
         self.logprobs: list[TokenLogprobs] | None = None
         self.choices_seen = False
         self.text_given = False
+        self.choice_ids: dict[int, int] = {}  # token ids received per choice (n > 1)
+        self.stop_reason: str | int | None = None
 
     def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
         self.choices_seen = True
+        index = getattr(choice, "index", 0) or 0
+        self.choice_ids[index] = self.choice_ids.get(index, 0) + len(_token_ids(choice) or [])
+        if index != 0:
+            return  # with n > 1 the first choice is the one judged; the others are counted
         if chat:
             part = choice.delta.content if streamed else choice.message.content
         else:
@@ -119,6 +126,9 @@ class _Result:
             self.logprobs = (self.logprobs or []) + got
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
+            # vLLM's extra field: the stop string or stop token id that ended the answer.
+            reason = (getattr(choice, "model_extra", None) or {}).get("stop_reason")
+            self.stop_reason = reason if isinstance(reason, str | int) else None
 
     def timings(self) -> dict[str, Any]:
         """Time to first token and the gaps between token-carrying chunks (vLLM streams one token a
@@ -138,30 +148,14 @@ class _Result:
 async def _send(
     client: openai.AsyncOpenAI, model: str, prompt: Prompt, workload: Workload, top_k: int | None, t0: float,
 ) -> _Result:
-    body: dict[str, Any] = {"min_tokens": workload.min_tokens, "ignore_eos": workload.ignore_eos,
-                            "return_token_ids": True}
-    if workload.stop_token_ids:
-        body["stop_token_ids"] = list(workload.stop_token_ids)
-    sampling = prompt.sampling  # a seed probe's, instead of the workload's
-    common: dict[str, Any] = dict(
-        model=model, max_tokens=workload.max_tokens, extra_body=body,
-        temperature=sampling.temperature if sampling else workload.temperature,
-        seed=sampling.seed if sampling else workload.seed,
-    )
-    if prompt.stream:
-        common.update(stream=True, stream_options={"include_usage": True})
     chat = prompt.kind == "chat"
-    if top_k is not None:
-        # Ids, not texts, for the alternatives: two ids can decode to the same text.
-        body["return_tokens_as_token_ids"] = True
-        common.update(logprobs=True, top_logprobs=top_k) if chat else common.update(logprobs=top_k)
+    args = sdk_arguments(request_body(prompt, workload, model, top_k))
     # Any: the SDK's overloads are chosen by a literal `stream`, which the keyword dict hides.
     response: Any
     if chat:
-        messages: Any = [m.model_dump() for m in prompt.messages or []]
-        response = await client.chat.completions.create(messages=messages, **common)
+        response = await client.chat.completions.create(**args)
     else:
-        response = await client.completions.create(prompt=prompt.prompt or "", **common)
+        response = await client.completions.create(**args)
 
     result = _Result(t0)
     if prompt.stream:
@@ -170,7 +164,7 @@ async def _send(
                 result.add_choice(choice, chat, streamed=True)
             result.add_usage(chunk.usage)
     else:
-        for choice in response.choices[:1]:
+        for choice in response.choices:
             result.add_choice(choice, chat, streamed=False)
         result.add_usage(response.usage)
     # A stream cut short parses fine chunk by chunk; only its missing end gives it away.
@@ -244,7 +238,9 @@ async def run_workload(
                     fields = dict(
                         status=200, text="".join(r.text) if r.text_given else None, token_ids=r.token_ids,
                         prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                        finish_reason=r.finish_reason, logprobs=r.logprobs, **r.timings(),
+                        finish_reason=r.finish_reason, stop_reason=r.stop_reason,
+                        choice_tokens=[r.choice_ids[i] for i in sorted(r.choice_ids)],
+                        logprobs=r.logprobs, **r.timings(),
                     )
                 except Exception as exc:
                     kind, status = _classify(exc)

@@ -30,6 +30,10 @@ FAULTS = (
     "nan_logits",
     "slow_decode",
     "seed_ignored",
+    "stop_ignored",
+    "min_tokens_off_by_one",
+    "logit_bias_ignored",
+    "schema_dropped",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"

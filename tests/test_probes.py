@@ -1,0 +1,197 @@
+"""Contract probes (bench.core.probes, and the judge's use of a prompt's own request): each promise
+held, broken, and the answers a probe asks for that the plain rules must not count against it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.core.config import Workload
+from bench.core.judge import judge_request, judge_twins
+from bench.core.records import RequestRecord
+from bench.core.tokens import EXACT, TokenLogprobs, comparator_for
+
+
+def req(prompt_id: str, **kw) -> RequestRecord:
+    base = dict(cell_id="c", repeat=0, prompt_id=prompt_id, api="completion", stream=False, started_at=0.0,
+                latency_s=0.1, status=200, text="abc " * 16, token_ids=list(range(100, 164)),
+                completion_tokens=64, finish_reason="length", choice_tokens=[64])
+    base.update(kw)
+    return RequestRecord(**base)
+
+
+def workload(*prompts: dict, **kw) -> Workload:
+    return Workload(prompts=[{"prompt": "def main():", **p} for p in prompts],
+                    **{"min_tokens": 64, "max_tokens": 64, **kw})
+
+
+def reasons(findings) -> list[str]:
+    return [f.reason.value for f in findings]
+
+
+def test_a_stop_probe_asks_for_no_min_tokens_and_may_end_at_once():
+    w = workload({"id": "stop", "stop": ["e"]})
+    assert w.prompts[0].request(w).min_tokens == 0
+    # The first token held the stop string: nothing to show, and nothing wrong.
+    assert judge_request(req("stop", text="", token_ids=[7], completion_tokens=1, choice_tokens=[1],
+                             finish_reason="stop", stop_reason="e"), w) == []
+    ended = req("stop", text="ata mak", token_ids=[1, 2, 3], completion_tokens=3, choice_tokens=[3],
+                finish_reason="stop", stop_reason="e")
+    assert judge_request(ended, w) == []
+
+
+def test_a_stop_string_in_the_text_is_stop_ignored_with_where_it_is():
+    w = workload({"id": "stop", "stop": ["zz", "e"]})
+    found = judge_request(req("stop", text="ata makevegetget"), w)
+    assert reasons(found) == ["stop_ignored"]
+    ev = found[0].evidence
+    assert (ev.stop, ev.position, ev.finish_reason) == ("e", 7, "length")
+    # Only where the prompt has stop strings: the same text elsewhere is fine.
+    assert judge_request(req("plain", text="ata makevegetget"), workload({"id": "plain"})) == []
+
+
+def test_an_empty_text_that_no_stop_string_explains_is_still_empty_text():
+    w = workload({"id": "stop", "stop": ["e"]})
+    found = judge_request(req("stop", text="", token_ids=list(range(64)), finish_reason="length"), w)
+    assert "empty_text" in reasons(found) and "usage_text_mismatch" in reasons(found)
+
+
+def test_stop_with_min_tokens_is_refused_at_parse_time():
+    with pytest.raises(ValueError, match="stop strings only after"):
+        workload({"id": "stop", "stop": ["e"], "min_tokens": 4})
+
+
+def test_a_banned_token_that_comes_is_banned_token_and_a_plus_bias_is_no_ban():
+    w = workload({"id": "ban", "logit_bias": {727: -100, 5: 100, 9: -50}})
+    found = judge_request(req("ban", token_ids=[1, 727, 5, 9, 727, *list(range(200, 259))]), w)
+    assert reasons(found) == ["banned_token"]
+    assert (found[0].evidence.token, found[0].evidence.position, found[0].evidence.count) == (727, 1, 2)
+    assert judge_request(req("ban", token_ids=[5, 9, *list(range(200, 262))]), w) == []
+
+
+def test_min_tokens_are_counted_before_the_eos_that_ended_the_answer():
+    w = workload({"id": "eos", "min_tokens": 8, "ignore_eos": False, "logit_bias": {1: 100}})
+    # Healthy: EOS held back for 8 tokens, then forced: 9 in all, the last EOS.
+    healthy = req("eos", token_ids=[5] * 4 + [6] * 4 + [1], completion_tokens=9, choice_tokens=[9],
+                  finish_reason="stop", text="x" * 9)
+    assert judge_request(healthy, w) == []
+    # One token short: 8 in all, only 7 before EOS.
+    short = req("eos", token_ids=[5] * 4 + [6] * 3 + [1], completion_tokens=8, choice_tokens=[8],
+                finish_reason="stop", text="x" * 8)
+    found = judge_request(short, w)
+    assert reasons(found) == ["short_output"]
+    assert found[0].evidence.stop_token_last and "7 tokens before the stop token" in found[0].detail
+    # A stop string is no token of its own: all the tokens count.
+    w2 = workload({"id": "s", "stop": ["e"]})
+    assert judge_request(req("s", token_ids=[5], completion_tokens=1, choice_tokens=[1], text="x",
+                             finish_reason="stop", stop_reason="e"), w2) == []
+
+
+def test_n_choices_must_all_come_and_usage_counts_them_all():
+    w = workload({"id": "two", "n": 2, "sampling": {"temperature": 0.8, "seed": 7}})
+    both = req("two", completion_tokens=128, choice_tokens=[64, 64])
+    assert judge_request(both, w) == []
+    one = req("two", completion_tokens=64, choice_tokens=[64])
+    found = judge_request(one, w)
+    assert reasons(found) == ["wrong_choice_count"]
+    assert (found[0].evidence.asked, found[0].evidence.got) == (2, 1)
+    # Usage that counts tokens no choice carried is still a mismatch.
+    assert "usage_text_mismatch" in reasons(judge_request(req("two", completion_tokens=130, choice_tokens=[64, 64]), w))
+    # A record from before choices were counted is not judged on them.
+    assert judge_request(req("two", choice_tokens=None), w) == []
+
+
+def test_n_above_one_needs_sampling():
+    with pytest.raises(ValueError, match="n > 1 needs sampling"):
+        workload({"id": "two", "n": 2})
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"]}
+
+
+@pytest.mark.parametrize(("text", "parsed"), [
+    ("ata '? makeveget", False),
+    ('{"answer": "maybe"}', True),
+    ('{"answer": "ye', False),  # cut at max_tokens: the user got no JSON either
+])
+def test_an_answer_that_breaks_its_schema_is_schema_violated(text, parsed):
+    w = workload({"id": "json", "json_schema": SCHEMA, "min_tokens": 0, "ignore_eos": False})
+    found = judge_request(req("json", text=text), w)
+    assert reasons(found) == ["schema_violated"]
+    assert found[0].evidence.parsed is parsed
+
+
+def test_an_answer_that_holds_its_schema_passes():
+    w = workload({"id": "json", "json_schema": SCHEMA, "min_tokens": 0, "ignore_eos": False})
+    assert judge_request(req("json", text='{"answer": "no"}', token_ids=[1, 2, 3, 4], completion_tokens=4,
+                             choice_tokens=[4], finish_reason="stop"), w) == []
+
+
+def test_a_schema_that_is_no_schema_is_refused_at_parse_time():
+    with pytest.raises(ValueError, match="not a JSON schema"):
+        workload({"id": "json", "json_schema": {"type": "objekt"}})
+
+
+def lp(*values: float) -> list[TokenLogprobs]:
+    return [TokenLogprobs(logprob=v, top=[]) for v in values]
+
+
+def test_twins_asking_other_k_must_agree_on_tokens_and_values():
+    w = workload({"id": "k1", "top_logprobs": 1}, {"id": "k20", "top_logprobs": 20})
+    same = [req("k1", token_ids=[1, 2, 3], logprobs=lp(-0.5, -1.0, -2.0)),
+            req("k20", token_ids=[1, 2, 3], logprobs=lp(-0.5, -1.01, -2.0))]
+    assert judge_twins(same, w, EXACT, tolerance=0.05) == []
+    moved = [same[0], req("k20", token_ids=[1, 2, 3], logprobs=lp(-0.5, -1.3, -2.0))]
+    found = judge_twins(moved, w, EXACT, tolerance=0.05)
+    assert reasons(found) == ["logprobs_vary_with_k"]
+    ev = found[0].evidence
+    assert (ev.position, ev.token_differs, ev.k, ev.other_k) == (1, False, 20, 1)
+    other = [same[0], req("k20", token_ids=[1, 9, 3], logprobs=lp(-0.5, -1.0, -2.0))]
+    found = judge_twins(other, w, EXACT, tolerance=0.05)
+    assert reasons(found) == ["logprobs_vary_with_k"] and found[0].evidence.token_differs
+
+
+def test_twins_asking_the_same_k_stay_inconsistent_output_and_other_requests_are_no_twins():
+    w = workload({"id": "a"}, {"id": "b"}, {"id": "a-stop", "stop": ["e"]})
+    found = judge_twins([req("a", token_ids=[1, 2]), req("b", token_ids=[1, 3]), req("a-stop", token_ids=[4])],
+                        w, comparator_for("exact"))
+    assert reasons(found) == ["inconsistent_output"]
+
+
+def test_the_probes_reach_the_request(monkeypatch):
+    """What the client sends for each probe field (the request body as the SDK builds it)."""
+    import asyncio
+
+    import httpx
+    import openai
+
+    from bench.serve import client
+
+    sent: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+        body = json.loads(request.content)
+        sent.append(body)
+        logprobs = {"tokens": ["token_id:1", "token_id:2"], "token_logprobs": [-1.0, -1.0], "text_offset": [0, 1],
+                    "top_logprobs": [{"token_id:1": -1.0}, {"token_id:2": -1.0}]} if "logprobs" in body else None
+        choices = [{"index": i, "text": "ok", "finish_reason": "length", "token_ids": [1, 2], "logprobs": logprobs}
+                   for i in range(body.get("n", 1))]
+        return httpx.Response(200, json={"id": "x", "object": "text_completion", "created": 0, "model": "m",
+                                         "choices": choices,
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 2 * len(choices),
+                                                   "total_tokens": 3}})
+
+    transport = httpx.MockTransport(handler)
+    monkeypatch.setattr(client, "_client", lambda url, t: openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="k", max_retries=0, http_client=httpx.AsyncClient(transport=transport)))
+    w = workload({"id": "all", "stop": ["e"], "logit_bias": {7: -100}, "n": 3, "json_schema": {"enum": ["a"]},
+                  "sampling": {"temperature": 0.5, "seed": 1}, "max_tokens": 32, "ignore_eos": False,
+                  "top_logprobs": 2}, {"id": "plain"})
+    records = asyncio.run(client.run_workload("http://x", "m", w, cell_id="c", repeat=0))
+    probe, plain = sent
+    assert probe["stop"] == ["e"] and probe["logit_bias"] == {"7": -100} and probe["n"] == 3
+    assert probe["min_tokens"] == 0 and probe["max_tokens"] == 32 and probe["ignore_eos"] is False
+    assert probe["response_format"]["json_schema"]["schema"] == {"enum": ["a"]} and probe["logprobs"] == 2
+    assert "stop" not in plain and "n" not in plain and plain["min_tokens"] == 64
+    assert records[0].choice_tokens == [2, 2, 2] and records[1].choice_tokens == [2]
+
