@@ -172,7 +172,7 @@ def test_cell_verdicts_and_divergence_from_baseline(minimal):
     base_reqs = [req(repeat=1, token_ids=[9] * 128), req(repeat=2, token_ids=list(range(128)))]
     # judge_cell's `own`: each run's own findings, by repeat, as judge() makes them (run_findings).
     reference = Baseline(outputs=reference_outputs(base_runs, base_reqs, {1: [EXITED], 2: []}))
-    assert reference.outputs == {"p": Output(ids=list(range(128)))}  # from the first clean run only
+    assert reference.outputs == {"p": Output(ids=list(range(128)), ended=False)}  # from the first clean run only
 
     same = judge_cell(cell, [run(1), run(2)], [req(repeat=1), req(repeat=2)], {}, reference)
     assert (same.verdict, same.failures, same.runs) == ("pass", 0, 2)

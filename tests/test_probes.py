@@ -9,6 +9,7 @@ from bench.core.config import Workload
 from bench.core.judge import judge_request, judge_twins
 from bench.core.records import RequestRecord
 from bench.core.tokens import EXACT, TokenLogprobs, comparator_for
+from bench.serve.launch import HOST
 
 
 def req(prompt_id: str, **kw) -> RequestRecord:
@@ -187,7 +188,8 @@ def test_the_probes_reach_the_request(monkeypatch):
     w = workload({"id": "all", "stop": ["e"], "logit_bias": {7: -100}, "n": 3, "json_schema": {"enum": ["a"]},
                   "sampling": {"temperature": 0.5, "seed": 1}, "max_tokens": 32, "ignore_eos": False,
                   "top_logprobs": 2}, {"id": "plain"})
-    records = asyncio.run(client.run_workload("http://x", "m", w, cell_id="c", repeat=0))
+    # The transport answers; nothing listens (a MockTransport never opens a connection).
+    records = asyncio.run(client.run_workload(f"http://{HOST}:9", "m", w, cell_id="c", repeat=0))
     probe, plain = sent
     assert probe["stop"] == ["e"] and probe["logit_bias"] == {"7": -100} and probe["n"] == 3
     assert probe["min_tokens"] == 0 and probe["max_tokens"] == 32 and probe["ignore_eos"] is False
