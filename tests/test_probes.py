@@ -197,3 +197,13 @@ def test_the_probes_reach_the_request(monkeypatch):
     assert "stop" not in plain and "n" not in plain and plain["min_tokens"] == 64
     assert records[0].choice_tokens == [2, 2, 2] and records[1].choice_tokens == [2]
 
+
+
+def test_a_token_id_prompt_is_sent_as_ids_and_is_no_twin_of_another_prompt():
+    from bench.core.request import request_body
+
+    w = workload({"id": "ids", "prompt": None, "prompt_ids": [1, 2, 226]}, {"id": "text"})
+    assert request_body(w.prompts[0], w, "m", None)["prompt"] == [1, 2, 226]
+    assert judge_twins([req("ids", token_ids=[1]), req("text", token_ids=[2])], w) == []
+    with pytest.raises(ValueError, match="`prompt` or `prompt_ids`"):
+        workload({"id": "both", "prompt_ids": [1]})
