@@ -13,7 +13,7 @@ and float32, eighteen servers, about 20 minutes here) in the full tier (scripts/
 rows go to results/detection-real.json, which docs/data/detection-real.json records
 (scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
-Slow tier: thirteen servers (one per image, and two knobs' cells), one after another, started and
+Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
 stopped by the bench.
 """
 
@@ -60,6 +60,10 @@ FAULTS = {
     "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one",
                         "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
                         "`min_tokens` (vllm#15967's family)"),
+    # The tiny matrix's: the three above and stream_repeats_prompt, each on a prompt of its own.
+    "contract-and-stream-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, stream_repeats_prompt",
+                                   "stop strings let through; a schema dropped (vllm#53975); EOS one token "
+                                   "before `min_tokens`; vllm#48853: the first stream delta repeats the prompt"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
 # A knob's cell (the matrix's `invariance`): the faulty image with the setting the fault needs
@@ -172,3 +176,18 @@ def test_a_knob_that_undoes_a_fault_breaks_invariance_and_names_the_fault(measur
     }
     assert {i: (r["reasons"], r["diagnosed"]) for i, r in knobs.items()} == {
         i: e for i, e in expected.items() if any(i == image for _, image in planned)}
+
+
+# Each fault that shares a server with others, and the rule that is its own: sharing saves boots
+# only while every one of them is still caught by its own rule, not by a neighbour's.
+OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
+            "min_tokens_off_by_one": "short_output", "stream_repeats_prompt": "inconsistent_output",
+            "seed_ignored": "seed_not_reproducible", "logit_bias_ignored": "banned_token"}
+
+
+def test_faults_sharing_a_server_are_each_caught_by_their_own_rule(measured):
+    _, _, rows, _, _, _ = measured
+    shared = [r for r in rows if r["fault"] and ", " in r["fault"] and r["fired"]]
+    assert shared, rows
+    for r in shared:
+        assert {OWN_RULE[f] for f in r["fault"].split(", ")} <= set(r["reasons"]), (r["image"], r["reasons"])
