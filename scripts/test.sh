@@ -27,6 +27,19 @@ cd "$ROOT"
 bash scripts/lint.sh
 # Nothing in the tests is fetched from a model hub: hub ids resolve from caches the tests build.
 export HF_HUB_OFFLINE=1
+# One OpenMP thread per vLLM server: the suite runs two servers at a time on the 2 cores, and
+# vLLM's CPU backend otherwise gives each as many threads as there are cores, which spin on the
+# cores the other server needs (measured: 16 requests of 32 tokens to the tiny canary, beside a
+# busy server, took 14-25 s with the default threads and 0.8-0.9 s with one;
+# docs/measurements.md, "Servers sharing cores"). The timing comparisons (-m perf) run alone,
+# with vLLM's default and a cold kernel cache.
+export OMP_NUM_THREADS=1
+# One compiled-kernel cache for the servers of a suite run: vLLM's CPU backend compiles a kernel
+# (torch inductor, g++) at a server's first request for logprobs, which took 25-27 s with a cold
+# cache and 19 s with a warm one here (on a busy machine). The bench gives each server a TMPDIR
+# of its own, where inductor would otherwise keep it; the kernels are keyed by torch's version
+# and their source, so servers of either vLLM release share the folder safely.
+export TORCHINDUCTOR_CACHE_DIR="$ROOT/.cache/torchinductor"
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "${full[@]}" "$@"
 fi
@@ -44,7 +57,7 @@ if [ ${#full[@]} -gt 0 ]; then
   # Timing comparisons alone, on a machine doing nothing else: a server beside them on 2 cores
   # doubles boot times and turns the comparison into noise. (The landing tier judges a slowdown
   # on real vLLM in tests/test_e2e_history.py's week; `compare` is fast-tested on records.)
-  .venv/bin/pytest "${full[@]}" -m perf
+  env -u OMP_NUM_THREADS -u TORCHINDUCTOR_CACHE_DIR .venv/bin/pytest "${full[@]}" -m perf
   .venv/bin/python scripts/detection_table.py --record
   .venv/bin/python scripts/false_alarm_table.py --record
   for table in fault_table false_alarm_table detection_table; do
