@@ -28,7 +28,7 @@ LEDGER = ROOT / "results" / "false-alarms"
 # recorded here by --record, and read from here when the suite run did not measure them.
 HEALTHY = "healthy.json"
 RECORDED = ROOT / "docs" / "data" / "false-alarms-healthy.json"
-RECORDED_INPUTS = ["configs/cpu-healthy.yaml", "tests/test_e2e_healthy.py"]
+RECORDED_INPUTS = ["configs/cpu-healthy.yaml", "tests/test_e2e_healthy.py", "bench/profiles/cpu.yaml"]
 PAGE = ROOT / "docs" / "faults.md"
 SECTION = "false-alarm-table"  # the page's markers
 MARK = {"pass": "PASS", "fail": "FAIL", "flaky": "FLAKY", "not run": "NOT RUN"}

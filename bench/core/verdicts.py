@@ -126,7 +126,9 @@ Per cell, against its baseline cell (bench.core.judge.divergence)
 Contract probes the server lacks (bench.core.judge.set_aside_probes)
     A probe request answered HTTP 400 (the server refuses the feature: no structured-output
     backend, a parameter it does not know) is skipped where the baseline cell refuses it too, and
-    said so as an unconfirmed probe; where the baseline served it, the http_error stands.
+    said so as an unconfirmed probe; where the baseline served it, the http_error stands, but in a
+    knob's cell: a setting that cannot have a feature and says so (vLLM's speculative decoding
+    refuses logit_bias) is no silent change, which is what an invariance knob looks for.
 
 Absolute probes shared with the baseline (bench.core.judge.set_aside_probes)
     A known answer (`expect`) and the reference-text ceiling judge a server against a fixed

@@ -31,7 +31,7 @@ def _reasons(c: CellSummary) -> str:
     if c.divergence_positions:
         parts.append(f"first divergence at token {min(c.divergence_positions)}")
     if c.unconfirmed_probes:
-        parts.append("missed with the baseline, not counted: " + ", ".join(
+        parts.append("probes set aside, not counted: " + ", ".join(
             n.prompt_id or "reference text" for n in c.unconfirmed_probes))
     return ", ".join(parts) or "-"
 
