@@ -28,11 +28,13 @@ bash scripts/lint.sh
 # Nothing in the tests is fetched from a model hub: hub ids resolve from caches the tests build.
 export HF_HUB_OFFLINE=1
 # One OpenMP thread per vLLM server: the suite runs two servers at a time on the 2 cores, and
-# vLLM's CPU backend otherwise gives each as many threads as there are cores, which spin on the
-# cores the other server needs (measured: 16 requests of 32 tokens to the tiny canary, beside a
-# busy server, took 14-25 s with the default threads and 0.8-0.9 s with one;
-# docs/measurements.md, "Servers sharing cores"). The timing comparisons (-m perf) run alone,
-# with vLLM's default and a cold kernel cache.
+# OpenMP threads spin on the cores the other server needs (measured: a server's requests took
+# 0.08 of the time with one thread, beside another server; docs/measurements.md, "Servers sharing
+# cores"). Each pytest-xdist worker, and what it starts, is pinned to a core of its own
+# (tests/conftest.py), which already gives its local servers one thread; this reaches the servers
+# started outside that affinity: Slurm jobs, started by slurmd (the Docker smoke matrix sets it
+# in its server.env). The timing comparisons (-m perf) run alone, with vLLM's default and a cold
+# kernel cache.
 export OMP_NUM_THREADS=1
 # One compiled-kernel cache for the servers of a suite run: vLLM's CPU backend compiles a kernel
 # (torch inductor, g++) at a server's first request for logprobs, which took 25-27 s with a cold
