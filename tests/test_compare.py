@@ -161,3 +161,18 @@ def test_a_bad_threshold_is_exit_2_naming_it(tmp_path, capsys, pair):
     a = synth.timed(tmp_path, "a")
     assert main(["compare", "--threshold", pair, str(a.path), str(a.path)]) == 2
     assert f"--threshold {pair!r}:" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_sampled_prompt_is_left_out_of_the_outputs_compared(tmp_path):
+    """As in the judge: under a tolerant rule a sampled prompt's answer is not held to the other
+    run's tokens (a draw from probabilities that moved a little may land anywhere in them)."""
+    from bench.core.compare import side_from_records
+    from bench.core.judge import judge
+
+    data = synth.healthy(tmp_path, "a").load()
+    cells = judge(data).cells
+    whole = side_from_records("a", cells, data.runs, data.requests, data.fingerprints)
+    side = side_from_records("a", cells, data.runs, data.requests, data.fingerprints, frozenset({"code"}))
+    assert all({"code", "prose"} <= set(outs) for outs in whole.outputs.values())
+    assert all("code" not in outs and "prose" in outs for outs in side.outputs.values())
+    assert side.perf == whole.perf  # its timings still count

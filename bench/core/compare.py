@@ -12,8 +12,9 @@ rule of bench.core.perf (the bootstrap interval of a metric's ratio lies beyond 
 listed but are no regression: there is nothing to compare them with.
 
 Output divergence compares, per prompt, the outputs of each cell's first clean run, with the
-comparator given (bench.core.tokens; `logprobs` tolerates a token in the other side's top k). It
-is reported, not a regression by itself: a new torch or kernel may legitimately change numerics.
+comparator given (bench.core.tokens; `logprobs` tolerates a token in the other side's top k);
+sampled prompts only under `exact`, as in the judge. It is reported, not a regression by itself: a
+new torch or kernel may legitimately change numerics.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def side_from_records(
     runs: list[RunRecord],
     requests: list[RequestRecord],
     fingerprints: list[Fingerprint],
+    sampled: frozenset[str] = frozenset(),
 ) -> Side:
+    """`sampled`: prompts whose outputs are left out, being sampled under a tolerant rule (a draw
+    from probabilities that moved a little may land anywhere in them; bench.core.judge.divergence)."""
     runs_of: dict[str, list[RunRecord]] = defaultdict(list)
     reqs_of: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in runs:
@@ -57,7 +61,7 @@ def side_from_records(
         reqs_of[q.cell_id].append(q)
     # reference_outputs skips runs with findings of their own; a run that only diverged from
     # the baseline still counts as clean here, which is what "its output" means for comparing.
-    outputs = {c.cell_id: reference_outputs(runs_of[c.cell_id], reqs_of[c.cell_id],
+    outputs = {c.cell_id: reference_outputs(runs_of[c.cell_id], [q for q in reqs_of[c.cell_id] if q.prompt_id not in sampled],
                                             {r.repeat: own_findings(r) for r in c.run_results}) for c in cells}
     perf = {c.cell_id: run_values(runs_of[c.cell_id], reqs_of[c.cell_id]) for c in cells}
     return Side(name=name, cells=cells, outputs=outputs, fingerprints=fingerprints, perf=perf)

@@ -157,4 +157,7 @@ def load_side(path: Path, comparison: Comparison | None = None) -> Side:
     """One results folder, re-judged from its records, as one side of `regbench compare`."""
     data = open_results(path).load()
     summary = judge(data, comparison)
-    return side_from_records(str(path), summary.cells, data.runs, data.requests, data.fingerprints)
+    rule = comparison or data.config.comparison
+    sampled = frozenset(p.id for p in data.config.workload.prompts if p.sampling is not None) \
+        if rule.mode != "exact" else frozenset()
+    return side_from_records(str(path), summary.cells, data.runs, data.requests, data.fingerprints, sampled)
