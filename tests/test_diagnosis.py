@@ -448,6 +448,7 @@ def test_seeded_twins_that_differ_are_named_a_seed_not_reproducible_and_no_twins
     ("logprobs_vary_with_k", "logprobs-vary-with-k"),
     ("wrong_choice_count", "n-not-honoured"),
     ("never_stops", "never-reaches-eos"),
+    ("prompt_repeated", "prompt-repeated"),
 ])
 def test_each_contract_probe_finding_names_its_own_signature_first(reason, signature):
     c = cell("safetensors", "s17", "fail", {reason: 1, "divergence": 1})
@@ -455,5 +456,5 @@ def test_each_contract_probe_finding_names_its_own_signature_first(reason, signa
     assert matched[0] == signature
     # And no other probe's.
     others = {"stop-string-ignored", "logit-bias-ignored", "structured-output-not-enforced", "logprobs-vary-with-k",
-              "n-not-honoured", "never-reaches-eos"} - {signature}
+              "n-not-honoured", "never-reaches-eos", "prompt-repeated"} - {signature}
     assert not others & set(matched)

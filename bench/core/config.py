@@ -303,6 +303,11 @@ class Prompt(Strict):
         description="a completion request's prompt as token ids instead of text: ids that end inside a UTF-8 "
                     "character check that a stream does not repeat the prompt (vllm#48853; write it streamed and "
                     "not, `inconsistent_output`)")
+    decodes_to: str | None = Field(
+        default=None, min_length=1,
+        description="with `prompt_ids`: the text they decode to, up to their last whole character (the model's "
+                    "tokenizer, `decode`). An answer whose text starts with it repeats the prompt "
+                    "(`prompt_repeated`, vllm#48853: a prompt that ends inside a UTF-8 character)")
     messages: list[Message] | None = Field(default=None, description="the messages of a chat request")
     stream: bool = Field(default=False, description="stream the answer (gives time to first token and "
                                                      "inter-token latency)")
@@ -340,6 +345,11 @@ class Prompt(Strict):
         default=None, description="structured output: sent as `response_format` json_schema; the text must parse "
                                   "as JSON and validate against it (`schema_violated`). Ask for `ignore_eos: false` "
                                   "and `min_tokens: 0` so that the answer can end where the JSON does")
+    schema_field: Literal["response_format", "structured_outputs", "guided_json"] = Field(
+        default="response_format",
+        description="the request field `json_schema` is sent in: OpenAI's `response_format` (json_schema), vLLM's "
+                    "own `structured_outputs` (`{json: ...}`) or its legacy `guided_json`, which clients written for "
+                    "older releases still send (vllm#53975: ignored with HTTP 200)")
 
     @model_validator(mode="after")
     def _shape(self) -> Prompt:
@@ -348,6 +358,10 @@ class Prompt(Strict):
             raise ValueError("a completion prompt needs `prompt` or `prompt_ids` (one of them) and no `messages`")
         if self.kind == "chat" and (not self.messages or self.prompt is not None or self.prompt_ids is not None):
             raise ValueError("a chat prompt needs `messages` and no `prompt` or `prompt_ids`")
+        if self.decodes_to is not None and self.prompt_ids is None:
+            raise ValueError("`decodes_to` is the text of `prompt_ids`: give both")
+        if self.schema_field != "response_format" and self.json_schema is None:
+            raise ValueError("`schema_field` names where `json_schema` is sent: give both")
         if self.stop and self.min_tokens:
             raise ValueError("a prompt with `stop` asks for no `min_tokens`: vLLM looks for stop strings only after "
                              "them, and the probe holds the whole text to them")

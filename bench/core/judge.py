@@ -286,7 +286,7 @@ def _content(prompt: Prompt) -> str:
     """What a request asks and how it is sampled, whatever its id, whether it streams and what is
     expected of it."""
     return prompt.model_dump_json(include={"kind", "prompt", "prompt_ids", "messages", "sampling", "min_tokens", "max_tokens",
-                                           "ignore_eos", "stop", "logit_bias", "n", "json_schema"})
+                                           "ignore_eos", "stop", "logit_bias", "n", "json_schema", "schema_field"})
 
 
 def _first_text_difference(a: str, b: str) -> int:

@@ -1,5 +1,5 @@
 """Contract probes: what a prompt's request asked beyond plain generation (`stop`, `logit_bias`,
-`n`, `json_schema`) and the promise of the OpenAI API its answer is held to. Pure; no I/O.
+`n`, `json_schema`, token ids with the text they decode to) and the promise of the OpenAI API its answer is held to. Pure; no I/O.
 
 They hold for any model, random weights included, so they need no baseline: a stop string the
 text still holds, a banned id that was generated, a missing choice, JSON that does not parse are
@@ -15,7 +15,7 @@ import jsonschema
 
 from bench.core.config import Prompt
 from bench.core.records import RequestRecord
-from bench.core.verdicts import BannedToken, ChoiceCount, Finding, Reason, SchemaMiss, StopPassed
+from bench.core.verdicts import BannedToken, ChoiceCount, Finding, PromptRepeated, Reason, SchemaMiss, StopPassed
 
 # logit_bias is added to a logit; OpenAI documents -100 as "effectively bans the token".
 BAN = -100.0
@@ -49,6 +49,9 @@ def judge_probes(req: RequestRecord, prompt: Prompt) -> list[Finding]:
         if token in ids:
             finding(Reason.BANNED_TOKEN, BannedToken(token=token, position=ids.index(token), count=ids.count(token),
                                                      bias=bias))
+    if prompt.decodes_to is not None and text.startswith(prompt.decodes_to):
+        finding(Reason.PROMPT_REPEATED, PromptRepeated(prompt_text=prompt.decodes_to, streamed=prompt.stream,
+                                                       answer=text[:len(prompt.decodes_to) + 40]))
     if req.choice_tokens is not None and len(req.choice_tokens) != prompt.n:
         finding(Reason.WRONG_CHOICE_COUNT, ChoiceCount(asked=prompt.n, got=len(req.choice_tokens)))
     if prompt.json_schema is not None:
@@ -56,7 +59,8 @@ def judge_probes(req: RequestRecord, prompt: Prompt) -> list[Finding]:
         if miss is not None:
             error, parsed = miss
             finding(Reason.SCHEMA_VIOLATED, SchemaMiss(error=error[:300], parsed=parsed,
-                                                       finish_reason=req.finish_reason, answer=text[:200]))
+                                                       finish_reason=req.finish_reason, answer=text[:200],
+                                                       field=prompt.schema_field))
     return out
 
 

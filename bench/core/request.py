@@ -49,7 +49,11 @@ def request_body(prompt: Prompt, workload: Workload, model: str, top_k: int | No
         body["logit_bias"] = {str(k): v for k, v in prompt.logit_bias.items()}
     if prompt.n > 1:
         body["n"] = prompt.n
-    if prompt.json_schema is not None:
+    if prompt.json_schema is not None and prompt.schema_field == "structured_outputs":
+        body["structured_outputs"] = {"json": prompt.json_schema}
+    elif prompt.json_schema is not None and prompt.schema_field == "guided_json":
+        body["guided_json"] = prompt.json_schema
+    elif prompt.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": prompt.id.replace(".", "_"), "schema": prompt.json_schema}}
     return body

