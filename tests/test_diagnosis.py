@@ -206,6 +206,10 @@ def test_every_shipped_signature_is_tested_here_and_a_users_own_replaces_a_shipp
 def test_a_quantization_the_platform_lacks_matches_fp8_on_the_cpu_backend_not_a_kv_failure():
     fp8 = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors", ["vllm-0.32-boot-fp8-on-cpu.log"])
     assert first(fp8) == "dtype-or-quantization-unsupported"
+    # An fp8 KV cache on a CPU without AVX-512 (the fp8-kv-cache knob on an AVX2 host).
+    kv_fp8 = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 1}), "safetensors",
+                      ["vllm-0.32-boot-fp8-kv-cache-avx2.log"])
+    assert first(kv_fp8) == "dtype-or-quantization-unsupported"
     kv = evidence(cell("safetensors", "s16", "fail", {"boot_failed": 2}), "safetensors",
                   ["vllm-0.32-boot-kv-cache-too-small.log"])
     assert "dtype-or-quantization-unsupported" not in [m.signature for m in diagnose_cell(kv, list(SIGNATURES.values())).matches]
@@ -449,6 +453,7 @@ def test_seeded_twins_that_differ_are_named_a_seed_not_reproducible_and_no_twins
     ("wrong_choice_count", "n-not-honoured"),
     ("never_stops", "never-reaches-eos"),
     ("prompt_repeated", "prompt-repeated"),
+    ("tool_call_invalid", "tool-call-invalid"),
 ])
 def test_each_contract_probe_finding_names_its_own_signature_first(reason, signature):
     c = cell("safetensors", "s17", "fail", {reason: 1, "divergence": 1})
@@ -456,5 +461,6 @@ def test_each_contract_probe_finding_names_its_own_signature_first(reason, signa
     assert matched[0] == signature
     # And no other probe's.
     others = {"stop-string-ignored", "logit-bias-ignored", "structured-output-not-enforced", "logprobs-vary-with-k",
-              "n-not-honoured", "never-reaches-eos", "prompt-repeated"} - {signature}
+              "n-not-honoured", "never-reaches-eos", "prompt-repeated",
+              "tool-call-invalid"} - {signature}
     assert not others & set(matched)

@@ -57,6 +57,11 @@ FAULTS = {
     "sampling-ignored": ("seed_ignored, logit_bias_ignored",
                          "sampling parameters ignored (vllm#15241's family): vllm#21310, a seeded request not "
                          "reproducible, and a logit_bias not applied"),
+    # The real model's: the two above and a streamed tool call's arguments.
+    "sampling-and-tool-faults": ("seed_ignored, logit_bias_ignored, tool_args_dropped_streaming",
+                                 "request parameters ignored: vllm#21310, a seeded request not reproducible, and a "
+                                 "logit_bias not applied (vllm#15241's family); vllm#47901, a streamed tool call "
+                                 "without its arguments"),
     "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one",
                         "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
                         "`min_tokens` (vllm#15967's family)"),
@@ -182,7 +187,8 @@ def test_a_knob_that_undoes_a_fault_breaks_invariance_and_names_the_fault(measur
 # only while every one of them is still caught by its own rule, not by a neighbour's.
 OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
             "min_tokens_off_by_one": "short_output", "stream_repeats_prompt": "inconsistent_output",
-            "seed_ignored": "seed_not_reproducible", "logit_bias_ignored": "banned_token"}
+            "seed_ignored": "seed_not_reproducible", "logit_bias_ignored": "banned_token",
+            "tool_args_dropped_streaming": "tool_call_invalid"}
 
 
 def test_faults_sharing_a_server_are_each_caught_by_their_own_rule(measured):

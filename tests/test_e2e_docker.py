@@ -58,8 +58,8 @@ def one_cell(tmp_path: Path, **workload) -> Path:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    # The smoke matrix's four cells in containers, one fresh start each: the local smoke run
-    # (tests/test_e2e_vllm.py) repeats them; here the point is the container around each server.
+    # The smoke matrix's four cells in containers, one fresh start each, as the local smoke run
+    # (tests/test_e2e_vllm.py) runs them; here the point is the container around each server.
     results = tmp_path_factory.mktemp("results")
     data = yaml.safe_load(SMOKE.read_text())
     data["repeats"] = 1

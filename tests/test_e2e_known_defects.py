@@ -3,13 +3,15 @@
 answered with the prompt's own text first (vllm#48853), streamed or not, and a schema sent in the
 legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975). Each probe sits
 beside its control, which passes on the same server: the ids cut at a whole character, the same
-schema as `response_format` and as `structured_outputs`.
+schema as `response_format` and as `structured_outputs`. Beside them, the tool probes, which these
+releases pass: a call forced by name, whole and streamed, and `tool_choice: none`.
 
 Landing tier: one server, the tiny canary; every assertion here shares it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -77,6 +79,17 @@ def test_a_schema_in_guided_json_is_not_applied_and_the_same_schema_elsewhere_is
         assert (answer.text or "").strip() in ('"yes"', '"no"') and answer.finish_reason == "stop", answer
     print(f"\nguided_json: {requests['schema-guided-json'].text!r} ({requests['schema-guided-json'].finish_reason}); "
           f"response_format: {requests['schema-response-format'].text!r}")
+
+
+def test_a_forced_tool_call_is_whole_and_streamed_alike_and_none_calls_nothing(defects_run):
+    _, _, _, requests, _ = defects_run
+    whole, streamed, none = requests["tool-call"], requests["tool-call-stream"], requests["tool-none"]
+    assert whole.tool_calls and [c.name for c in whole.tool_calls] == ["get_weather"], whole
+    json.loads(whole.tool_calls[0].arguments)  # JSON, or the probe would have failed the cell
+    assert streamed.tool_calls == whole.tool_calls, (streamed.tool_calls, whole.tool_calls)
+    assert not none.tool_calls and (none.text or "").strip(), none
+    print(f"\nforced call: {whole.tool_calls[0].arguments!r} in {whole.completion_tokens} tokens; "
+          f"tool_choice none: {none.text[:30]!r}")
 
 
 def test_the_diagnosis_names_both_defects(defects_run):

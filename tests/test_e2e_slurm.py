@@ -66,7 +66,7 @@ def bench(*args: str, env: dict) -> subprocess.Popen:
 
 def test_the_smoke_matrix_as_slurm_jobs_gives_the_local_verdicts_on_both_nodes(slurm, tmp_path):
     # The smoke matrix's streamer cells, the failing one and its fixed twin, one fresh start each:
-    # a job per cell, one on each node (the local smoke run, tests/test_e2e_vllm.py, repeats them).
+    # a job per cell, one on each node (the local smoke run, tests/test_e2e_vllm.py, runs all four).
     # An --image override (the local launcher records the reference and runs the image's venv):
     # the jobs must run the matrix as the submitting command resolved it, not the file again.
     # Two CPUs per job: one job per node, as many servers at once as this machine's two cores carry

@@ -16,7 +16,7 @@ from bench.core.judge import (
     unexpected_exit_episodes,
 )
 from bench.core.matrix import expand
-from bench.core.records import ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome
+from bench.core.records import ErrorKind, Finding, RequestRecord, RunRecord, ServerOutcome, ToolCall
 from bench.core.tokens import EXACT, Output
 
 DATA = Path(__file__).parent / "data"
@@ -521,6 +521,9 @@ def test_a_streamed_answer_that_lost_its_tail_is_caught_without_a_twin(workload)
     assert judge_request(cut.model_copy(update={"logprobs": split}), workload) == []
     # ... or one the stream rendered as U+FFFD where its bytes said nothing (the tiny random model).
     assert judge_request(real.model_copy(update={"text": "\ufffd" + real.text}), workload) == []
+    # A tool call: the parser took the markup its tokens spell out of the content (hermes).
+    call = real.model_copy(update={"text": "", "tool_calls": [ToolCall(name="get_weather", arguments='{"city": "Paris"}')]})
+    assert Reason.STREAM_TEXT_MISMATCH not in reasons(judge_request(call, workload))
 
 
 def test_a_folder_written_before_a_rule_existed_is_judged_by_it_now(tmp_path):

@@ -245,3 +245,87 @@ def test_a_schema_goes_in_the_field_the_prompt_names():
     assert "schema_violated" in reasons(judge_request(req("so", text="b", finish_reason="stop"), w))
     with pytest.raises(ValueError, match="give both"):
         workload({"id": "t", "schema_field": "structured_outputs"})
+
+
+TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                "required": ["city"], "additionalProperties": False}},
+         {"name": "loose", "strict": False, "parameters": {"type": "object"}}]
+
+
+def tool_prompt(choice: str, **kw) -> dict:
+    return {"id": "tool", "kind": "chat", "prompt": None, "messages": [{"role": "user", "content": "Weather?"}],
+            "tools": TOOLS, "tool_choice": choice, "min_tokens": 0, "ignore_eos": False, **kw}
+
+
+def called(name: str | None, arguments: str, **kw) -> RequestRecord:
+    from bench.core.records import ToolCall
+
+    return req("tool", api="chat", text="", tool_calls=[ToolCall(name=name, arguments=arguments)] if name else [],
+               finish_reason="stop", **kw)
+
+
+def test_a_forced_tool_call_is_held_to_its_name_to_json_and_for_a_strict_tool_to_its_parameters():
+    w = workload(tool_prompt("get_weather"))
+    assert judge_request(called("get_weather", '{"city": "Paris"}'), w) == []
+    problems = {
+        "no tool call came back": called(None, ""),
+        "not the one named": called("loose", "{}"),
+        "not JSON": called("get_weather", '{"city": '),
+        "do not validate against the tool's parameters": called("get_weather", '{"town": "Paris"}'),
+    }
+    for words, answer in problems.items():
+        found = [f for f in judge_request(answer, w) if f.reason.value == "tool_call_invalid"]
+        assert len(found) == 1, (words, found)
+        assert words in found[0].evidence.text() and "tool_choice get_weather" in found[0].evidence.text()
+    assert reasons(judge_request(called("get_weather", '{"city": '), w)) == ["tool_call_invalid"]
+    # `required` takes any of the tools; a tool that is not strict is held to JSON only.
+    anyone = workload(tool_prompt("required"))
+    assert judge_request(called("loose", "53"), anyone) == []
+    assert reasons(judge_request(called("elsewhere", "{}"), anyone)) == ["tool_call_invalid"]
+    # No call and no text: the probe's finding, and the plain rules' for an empty answer.
+    assert {"tool_call_invalid", "empty_text"} <= set(reasons(judge_request(called(None, ""), anyone)))
+
+
+def test_tool_choice_none_must_call_nothing_and_a_call_is_no_empty_text():
+    w = workload(tool_prompt("none"))
+    assert reasons(judge_request(called("get_weather", '{"city": "Paris"}'), w)) == ["tool_call_invalid"]
+    assert judge_request(req("tool", api="chat", tool_calls=[]), w) == []
+    # An answer that is a call has no text, and is not empty for it.
+    assert judge_request(called("get_weather", '{"city": "Paris"}'), workload(tool_prompt("auto"))) == []
+
+
+def test_the_streamed_twin_of_a_tool_call_is_compared_call_for_call():
+    from bench.core.records import ToolCall
+
+    w = workload(tool_prompt("get_weather"), tool_prompt("get_weather", id="tool-stream", stream=True))
+    whole = called("get_weather", '{"city": "Paris"}')
+    streamed = req("tool-stream", api="chat", stream=True, text="", finish_reason="stop",
+                   tool_calls=[ToolCall(name="get_weather", arguments="")])
+    found = judge_twins([whole, streamed], w)
+    assert reasons(found) == ["inconsistent_output"] and found[0].prompt_id == "tool-stream"
+    assert "Paris" in (found[0].evidence.other_text or "")
+    same = streamed.model_copy(update={"tool_calls": whole.tool_calls})
+    assert judge_twins([whole, same], w) == []
+
+
+def test_tools_are_sent_as_function_tools_and_refused_where_they_cannot_be():
+    from bench.core.request import request_body
+
+    w = workload(tool_prompt("get_weather"), tool_prompt("required", id="req"))
+    named, required = (request_body(p, w, "m", None) for p in w.prompts)
+    assert named["tools"][0] == {"type": "function", "function": {"name": "get_weather", "strict": True,
+                                                                  "parameters": TOOLS[0]["parameters"]}}
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert "parallel_tool_calls" not in named
+    # A prompt's own stop token ids: none here, where the workload has some.
+    stops = workload({"id": "own", "stop_token_ids": []}, {"id": "theirs"}, stop_token_ids=[7])
+    assert [request_body(p, stops, "m", None).get("stop_token_ids") for p in stops.prompts] == [None, [7]]
+    assert required["tool_choice"] == "required" and required["parallel_tool_calls"] is False
+    assert w.prompts[0].probes() == ["tools"]
+    for bad, words in [(tool_prompt("elsewhere"), "one of the tools"),
+                       ({"id": "t", "prompt": "x", "tools": TOOLS, "tool_choice": "auto"}, "chat prompt"),
+                       ({"id": "t", "prompt": "x", "tool_choice": "auto"}, "give both"),
+                       (tool_prompt("auto", json_schema={"type": "object"}), "not both"),
+                       (tool_prompt("auto", tools=[{"name": "f", "parameters": {"type": 3}}]), "not a JSON schema")]:
+        with pytest.raises(ValueError, match=words):
+            workload(bad)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.core.config import parse_config
+from bench.core.config import parse_config, with_repeats
 from bench.core.records import RequestRecord, RunRecord, ServerOutcome
 from bench.store.results import ResultsDir, log_tail, read_log
 
@@ -112,3 +112,18 @@ def test_resume_keeps_finished_runs_and_forgets_unfinished_ones(tmp_path, minima
 
 def test_resume_of_a_folder_that_is_not_results_is_exit_2(tmp_path):
     assert main(["run", "--resume", str(tmp_path)]) == 2
+
+
+def test_repeats_from_the_command_line_replace_the_matrixs_and_are_checked_at_parse_time(tmp_path, minimal, capsys):
+    config = parse_config({**minimal, "repeats": "auto", "detect": {"rate": 0.1, "confidence": 0.95}})
+    assert config.repeat_count > 1
+    assert with_repeats(config, 1).repeat_count == 1 and with_repeats(config, None) == config
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(yaml.safe_dump(minimal))
+    for bad in ("0", "x", "10001", "-1"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["run", str(matrix), "--repeats", bad])
+        assert exit_.value.code == 2
+        assert "fresh servers, 1..10000" in capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path), "--repeats", "1"]) == 2
+    assert "keeps the repeats it started with" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from bench.console import (
     out,
     print_causes,
 )
-from bench.core.config import Config, ConfigError, with_devices, with_image_refs
+from bench.core.config import Config, ConfigError, with_devices, with_image_refs, with_repeats
 from bench.core.diagnosis import Diagnosis
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, RegbenchError
 from bench.core.matrix import expand
@@ -45,6 +45,9 @@ def add_cli_args(sub) -> None:
     run.add_argument("--platform", help="run this platform's cells (default: those of every profile this host matches)")
     run.add_argument("--cell", action="append", metavar="ID", help="run only this cell (repeatable)")
     run.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
+    run.add_argument("--repeats", type=_repeats, metavar="N",
+                     help="fresh servers per cell instead of the matrix's `repeats` (1..10000), e.g. 1 for a "
+                          "quick pass; not with --resume")
     run.add_argument("--shard", metavar="I/N", help="run the I-th of N round-robin slices of the cells")
     run.add_argument("--wait-for-folder", type=float, default=0.0, metavar="SECONDS",
                      help="with --resume: wait this long for another regbench still writing the folder to end "
@@ -73,6 +76,12 @@ def add_cli_args(sub) -> None:
     run.set_defaults(func=main)
 
 
+def _repeats(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 10_000:
+        raise argparse.ArgumentTypeError(f"{value!r}: a whole number of fresh servers, 1..10000")
+    return int(value)
+
+
 def _resume(path: str) -> tuple[ResultsDir, frozenset[tuple[str, int]]]:
     results = ResultsDir(Path(path))
     try:
@@ -86,6 +95,8 @@ def _resume(path: str) -> tuple[ResultsDir, frozenset[tuple[str, int]]]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.resume is not None and args.repeats is not None:
+        raise ConfigError("--repeats: a resumed run keeps the repeats it started with")
     if args.executor == "slurm" and args.resume is not None:
         return _resume_on_slurm(args)
     if (args.config is None) == (args.resume is None):
@@ -106,7 +117,7 @@ def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         config, run_id = results.config(), results.path.name
         results.redactor = redactor_for(config.server.env_passthrough)
     else:
-        config = with_image_refs(load_config(args.config), args.image or [])
+        config = with_repeats(with_image_refs(load_config(args.config), args.image or []), args.repeats)
         run_id = args.run_id or new_run_id(config.name)
         if not RUN_ID.match(run_id):
             raise ConfigError(f"--run-id {run_id!r}: use letters, digits, '.', '_' and '-' only")

@@ -245,6 +245,26 @@ class Message(Strict):
     content: str = Field(description="what is said")
 
 
+class Tool(Strict):
+    """A function the model may call (a chat prompt's `tools`), sent as an OpenAI function tool."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the function's name")
+    description: str | None = Field(default=None, description="what it does, for the model")
+    parameters: dict = Field(description="the JSON schema of its arguments")
+    strict: bool = Field(default=True, description="OpenAI's `strict`: the server must hold the arguments to "
+                                                   "`parameters` (vLLM pins the argument schema only then)")
+
+    @model_validator(mode="after")
+    def _schema(self) -> Tool:
+        import jsonschema  # only a matrix that has the probe pays for the import
+
+        try:
+            jsonschema.Draft202012Validator.check_schema(self.parameters)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"tool {self.name}: `parameters` is not a JSON schema: {exc.message}") from None
+        return self
+
+
 class Expect(Strict):
     """What a healthy model's answer to a prompt holds, judged without any baseline: a model that
     lost part of its weights talks fluently and wrongly. Exactly one of the three."""
@@ -325,6 +345,8 @@ class Prompt(Strict):
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000,
                                    description="this prompt's `max_tokens` instead of the workload's")
     ignore_eos: bool | None = Field(default=None, description="this prompt's `ignore_eos` instead of the workload's")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, description="this prompt's `stop_token_ids` instead of the workload's (`[]`: none)")
     stop: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
         default=None, min_length=1, max_length=8,
         description="stop strings: the text must never contain one (`stop_ignored`). vLLM looks for them only "
@@ -345,6 +367,16 @@ class Prompt(Strict):
         default=None, description="structured output: sent as `response_format` json_schema; the text must parse "
                                   "as JSON and validate against it (`schema_violated`). Ask for `ignore_eos: false` "
                                   "and `min_tokens: 0` so that the answer can end where the JSON does")
+    tools: list[Tool] | None = Field(
+        default=None, min_length=1, max_length=8,
+        description="a chat prompt's functions (`required` is sent with `parallel_tool_calls: false`): with `tool_choice` "
+                    "`required` or a tool's name, the answer must call one (that one) with arguments that parse "
+                    "as JSON and, for a `strict` tool, validate; with `none`, it must call none "
+                    "(`tool_call_invalid`). Needs a server with a tool-call parser (`--enable-auto-tool-choice "
+                    "--tool-call-parser P`); write it streamed and not (`inconsistent_output` compares the calls)")
+    tool_choice: str | None = Field(
+        default=None, description="with `tools`: `none`, `auto`, `required`, or the name of one of them (a named "
+                                  "choice)")
     schema_field: Literal["response_format", "structured_outputs", "guided_json"] = Field(
         default="response_format",
         description="the request field `json_schema` is sent in: OpenAI's `response_format` (json_schema), vLLM's "
@@ -360,6 +392,17 @@ class Prompt(Strict):
             raise ValueError("a chat prompt needs `messages` and no `prompt` or `prompt_ids`")
         if self.decodes_to is not None and self.prompt_ids is None:
             raise ValueError("`decodes_to` is the text of `prompt_ids`: give both")
+        if self.tools is not None:
+            names = [t.name for t in self.tools]
+            if self.kind != "chat":
+                raise ValueError("`tools` are a chat prompt's")
+            if self.tool_choice not in ("none", "auto", "required", *names):
+                raise ValueError(f"`tool_choice` is none, auto, required or one of the tools ({', '.join(names)})")
+            if self.json_schema is not None:
+                raise ValueError("a prompt asks for `tools` or a `json_schema`, not both: vLLM lets a forced tool "
+                                 "call's schema replace the response format")
+        elif self.tool_choice is not None:
+            raise ValueError("`tool_choice` chooses among `tools`: give both")
         if self.schema_field != "response_format" and self.json_schema is None:
             raise ValueError("`schema_field` names where `json_schema` is sent: give both")
         if self.stop and self.min_tokens:
@@ -379,8 +422,16 @@ class Prompt(Strict):
     def probes(self) -> list[str]:
         """The contract-probe fields this prompt's request asks for."""
         asked = {"stop": bool(self.stop), "logit_bias": bool(self.logit_bias), "n": self.n > 1,
-                 "json_schema": self.json_schema is not None, "top_logprobs": self.top_logprobs is not None}
+                 "json_schema": self.json_schema is not None, "top_logprobs": self.top_logprobs is not None,
+                 "tools": self.tools is not None}
         return [name for name, on in asked.items() if on]
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The tool a named choice forces, `*` for `required` (any of them), None otherwise."""
+        if self.tools is None or self.tool_choice in (None, "none", "auto"):
+            return None
+        return "*" if self.tool_choice == "required" else self.tool_choice
 
     def request(self, workload: Workload) -> RequestShape:
         """The token limits this prompt's request is sent with: its own where it gives them.
@@ -863,6 +914,14 @@ def with_image_refs(config: Config, pairs: list[str]) -> Config:
     for image in data["images"]:
         image["ref"] = refs.get(image["name"], image["ref"])
     return parse_config(data, "--image")
+
+
+def with_repeats(config: Config, repeats: int | None) -> Config:
+    """The config with `repeats` fresh servers per cell instead of the file's (a quick pass over a
+    matrix written for qualification); None keeps the file's."""
+    if repeats is None:
+        return config
+    return parse_config({**config.model_dump(mode="json"), "repeats": repeats}, "--repeats")
 
 
 def parse_devices(spec: str) -> list[str]:

@@ -97,7 +97,8 @@ def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
     several = req.choice_tokens is not None and len(req.choice_tokens) > 1
     tokens = len(req.token_ids or []) if several else req.completion_tokens
     text = req.text or ""
-    stopped = stopped_by_probe(req, prompt)
+    # An answer that stop probe ended, or that is a tool call, may have no text at all.
+    stopped = stopped_by_probe(req, prompt) or bool(req.tool_calls)
     if text == "" and not stopped:
         out.append(finding(Reason.EMPTY_TEXT, EmptyText(completion_tokens=tokens, finish_reason=req.finish_reason,
                                                         absent=req.text is None)))
@@ -146,6 +147,11 @@ def stream_text_differs(req: RequestRecord) -> StreamTextDiffers | None:
     if not req.stream or req.api != "chat" or not req.logprobs or req.text is None:
         return None
     if any(t.text is None for t in req.logprobs):
+        return None
+    # A tool call: the parser takes the call's markup out of the content, which the tokens still
+    # spell (measured with hermes: content "", tokens "<tool_call>{...}"). The calls themselves
+    # are held to the whole answer's by the twin comparison.
+    if req.tool_calls:
         return None
     # The deltas leave special tokens out (vLLM's skip_special_tokens); their bytes spell their
     # names. Measured: a model without its weights answers <|endoftext|> 128 times, text "".
@@ -286,7 +292,14 @@ def _content(prompt: Prompt) -> str:
     """What a request asks and how it is sampled, whatever its id, whether it streams and what is
     expected of it."""
     return prompt.model_dump_json(include={"kind", "prompt", "prompt_ids", "messages", "sampling", "min_tokens", "max_tokens",
-                                           "ignore_eos", "stop", "logit_bias", "n", "json_schema", "schema_field"})
+                                           "ignore_eos", "stop", "logit_bias", "n", "json_schema", "schema_field",
+                                           "tools", "tool_choice", "stop_token_ids"})
+
+
+def _told(req: RequestRecord) -> str:
+    """What an answer told its client: its text, then each tool call it carried."""
+    calls = "".join(f"<call {c.name}: {c.arguments}>" for c in req.tool_calls or [])
+    return (req.text or "") + calls
 
 
 def _first_text_difference(a: str, b: str) -> int:
@@ -356,15 +369,16 @@ def judge_twins(requests: list[RequestRecord], workload: Workload, comparator: C
                     temperature=sampling.temperature)))
             continue
         pos = comparator.first_difference(mine, theirs)
-        if pos is None and mine.ids == theirs.ids and (req.text or "") != (ref.text or ""):
-            # The same tokens told as other text: the text was made wrong after generation (a
-            # detokenizer or a stream that repeats the prompt, vllm#48853). Only for ids that
-            # are equal: where the tolerant rule let a token difference pass, the texts differ
-            # from there on as they must.
-            pos = _first_text_difference(req.text or "", ref.text or "")
+        if pos is None and mine.ids == theirs.ids and (told := _told(req)) != (other := _told(ref)):
+            # The same tokens told as other text or other tool calls: the answer was made wrong
+            # after generation (a detokenizer or a stream that repeats the prompt, vllm#48853; a
+            # stream that drops a call's arguments, vllm#47901). Only for ids that are equal:
+            # where the tolerant rule let a token difference pass, the texts differ from there
+            # on as they must.
+            pos = _first_text_difference(told, other)
             out.append(Finding(reason=Reason.INCONSISTENT_OUTPUT, prompt_id=req.prompt_id, evidence=TwinsDiffer(
                 other_prompt_id=ref.prompt_id, position=pos, streamed=req.stream, other_streamed=ref.stream,
-                this_text=(req.text or "")[max(0, pos - 20):pos + 40], other_text=(ref.text or "")[max(0, pos - 20):pos + 40])))
+                this_text=told[max(0, pos - 20):pos + 40], other_text=other[max(0, pos - 20):pos + 40])))
             continue
         if pos is not None:
             out.append(Finding(reason=Reason.INCONSISTENT_OUTPUT, prompt_id=req.prompt_id, evidence=TwinsDiffer(

@@ -14,8 +14,8 @@ import json
 import jsonschema
 
 from bench.core.config import Prompt
-from bench.core.records import RequestRecord
-from bench.core.verdicts import BannedToken, ChoiceCount, Finding, PromptRepeated, Reason, SchemaMiss, StopPassed
+from bench.core.records import RequestRecord, ToolCall
+from bench.core.verdicts import BannedToken, ChoiceCount, Finding, PromptRepeated, Reason, SchemaMiss, StopPassed, ToolCallMiss
 
 # logit_bias is added to a logit; OpenAI documents -100 as "effectively bans the token".
 BAN = -100.0
@@ -52,6 +52,11 @@ def judge_probes(req: RequestRecord, prompt: Prompt) -> list[Finding]:
     if prompt.decodes_to is not None and text.startswith(prompt.decodes_to):
         finding(Reason.PROMPT_REPEATED, PromptRepeated(prompt_text=prompt.decodes_to, streamed=prompt.stream,
                                                        answer=text[:len(prompt.decodes_to) + 40]))
+    if prompt.tools is not None and (problem := _tool_call_problem(req, prompt)) is not None:
+        what, call = problem
+        finding(Reason.TOOL_CALL_INVALID, ToolCallMiss(
+            problem=what, tool_choice=prompt.tool_choice or "auto", name=call.name if call else None,
+            arguments=call.arguments[:200] if call else None, finish_reason=req.finish_reason, streamed=prompt.stream))
     if req.choice_tokens is not None and len(req.choice_tokens) != prompt.n:
         finding(Reason.WRONG_CHOICE_COUNT, ChoiceCount(asked=prompt.n, got=len(req.choice_tokens)))
     if prompt.json_schema is not None:
@@ -62,6 +67,33 @@ def judge_probes(req: RequestRecord, prompt: Prompt) -> list[Finding]:
                                                        finish_reason=req.finish_reason, answer=text[:200],
                                                        field=prompt.schema_field))
     return out
+
+
+def _tool_call_problem(req: RequestRecord, prompt: Prompt) -> tuple[str, ToolCall | None] | None:
+    """What breaks the prompt's tool_choice, and the call it is about; None when nothing does."""
+    calls = req.tool_calls or []
+    if prompt.tool_choice == "none":
+        return ("a tool was called though tool_choice is none", calls[0]) if calls else None
+    forced = prompt.forced_tool
+    if forced is not None and not calls:
+        return "no tool call came back", None
+    tools = {t.name: t for t in prompt.tools or []}
+    for call in calls:
+        if forced not in (None, "*") and call.name != forced:
+            return f"the call is to {call.name!r}, not the one named", call
+        if call.name not in tools:
+            return f"the call is to {call.name!r}, which is not among the tools", call
+        try:
+            value = json.loads(call.arguments)
+        except ValueError as exc:
+            return f"the arguments are not JSON ({type(exc).__name__}: {exc})", call
+        if tools[call.name].strict:
+            error = jsonschema.exceptions.best_match(
+                jsonschema.Draft202012Validator(tools[call.name].parameters).iter_errors(value))
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "the top"
+                return f"the arguments do not validate against the tool's parameters (at {where}: {error.message})", call
+    return None
 
 
 def _schema_miss(text: str, schema: dict) -> tuple[str, bool] | None:

@@ -24,6 +24,13 @@ class ErrorKind(StrEnum):
     PROTOCOL = "protocol"  # 2xx, but the body or stream was not what the API promises
 
 
+class ToolCall(Record):
+    """A function call an answer carried: streamed, its deltas put together by their index."""
+
+    name: str | None = None
+    arguments: str = ""
+
+
 class RequestRecord(Record):
     """One request as the client saw it. A failed request is a record with an error, not a raise."""
 
@@ -46,6 +53,8 @@ class RequestRecord(Record):
     # Token ids received per choice, one entry per choice that came back (a prompt's `n`; the first
     # choice is the one recorded above). None in records written before choices were counted.
     choice_tokens: list[int] | None = None
+    # The first choice's tool calls, for a prompt with `tools` ([]: none came back); None otherwise.
+    tool_calls: list[ToolCall] | None = None
     # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None

@@ -13,7 +13,8 @@ from bench.core.config import Prompt, Workload
 
 # What the openai SDK takes as its own keywords; everything else travels as `extra_body`.
 SDK_FIELDS = frozenset({"model", "prompt", "messages", "max_tokens", "temperature", "seed", "stream",
-                        "stream_options", "logprobs", "top_logprobs", "stop", "logit_bias", "n"})
+                        "stream_options", "logprobs", "top_logprobs", "stop", "logit_bias", "n", "tools",
+                        "tool_choice", "parallel_tool_calls"})
 
 
 def endpoint(prompt: Prompt) -> str:
@@ -34,8 +35,9 @@ def request_body(prompt: Prompt, workload: Workload, model: str, top_k: int | No
                 temperature=sampling.temperature if sampling else workload.temperature,
                 seed=sampling.seed if sampling else workload.seed,
                 min_tokens=shape.min_tokens, ignore_eos=shape.ignore_eos, return_token_ids=True)
-    if workload.stop_token_ids:
-        body["stop_token_ids"] = list(workload.stop_token_ids)
+    stop_ids = workload.stop_token_ids if prompt.stop_token_ids is None else prompt.stop_token_ids
+    if stop_ids:
+        body["stop_token_ids"] = list(stop_ids)
     if prompt.stream:
         body.update(stream=True, stream_options={"include_usage": True})
     top_k = prompt.top_logprobs or top_k
@@ -56,6 +58,17 @@ def request_body(prompt: Prompt, workload: Workload, model: str, top_k: int | No
     elif prompt.json_schema is not None:
         body["response_format"] = {"type": "json_schema",
                                    "json_schema": {"name": prompt.id.replace(".", "_"), "schema": prompt.json_schema}}
+    if prompt.tools is not None:
+        body["tools"] = [{"type": "function", "function": t.model_dump(exclude_none=True)} for t in prompt.tools]
+        choice = prompt.tool_choice
+        body["tool_choice"] = choice if choice in ("none", "auto", "required") else \
+            {"type": "function", "function": {"name": choice}}
+        if choice == "required":
+            # One call: a model that may call again and again fills max_tokens with calls (the
+            # tiny canary does). A named choice is one call already; asking this of it makes
+            # vLLM 0.32 wrap it in the parser's own call format, measured to run the tiny
+            # canary's arguments to max_tokens.
+            body["parallel_tool_calls"] = False
     return body
 
 

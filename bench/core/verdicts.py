@@ -50,6 +50,13 @@ Per request: contract probes (bench.core.probes; a prompt's `stop`, `logit_bias`
                          the text's start. An
                          answer cut at max_tokens counts: size a probe's schema so that a
                          healthy server ends it well within
+    tool_call_invalid    a chat prompt with `tools` got an answer that breaks its `tool_choice`:
+                         a forced choice (`required`, or a tool's name) without a call, a call
+                         to another function, arguments that do not parse as JSON or, for a
+                         `strict` tool, do not validate against its `parameters`; or `none`
+                         with a call. The evidence has the call, the problem and the
+                         finish_reason. Streamed arguments are the deltas put together
+                         (vllm#47901: arguments dropped when streaming)
     prompt_repeated      the text of an answer to token ids (`prompt_ids`) starts with what
                          the ids decode to (the prompt's `decodes_to`): the detokenizer told
                          the prompt again, as vLLM does for a prompt that ends inside a UTF-8
@@ -198,6 +205,7 @@ class Reason(StrEnum):
     WRONG_CHOICE_COUNT = "wrong_choice_count"
     SCHEMA_VIOLATED = "schema_violated"
     PROMPT_REPEATED = "prompt_repeated"
+    TOOL_CALL_INVALID = "tool_call_invalid"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -418,6 +426,23 @@ class PromptRepeated(_Evidence):
                 f"generated text comes after it")
 
 
+class ToolCallMiss(_Evidence):
+    """tool_call_invalid."""
+
+    kind: Literal["tool_call_miss"] = "tool_call_miss"
+    problem: str  # what is wrong, in words
+    tool_choice: str
+    name: str | None = None  # the call's function, where a call came back
+    arguments: str | None = None  # its arguments, their first 200 characters
+    finish_reason: str | None = None
+    streamed: bool = False
+
+    def text(self) -> str:
+        call = f"; the call: {self.name}({self.arguments!r})" if self.name is not None or self.arguments else ""
+        how = "streamed, " if self.streamed else ""
+        return f"tool_choice {self.tool_choice}: {self.problem} ({how}finish_reason {self.finish_reason}){call}"
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -590,7 +615,7 @@ class Note(_Evidence):
 Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken
     | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch
-    | StopPassed | PromptRepeated | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
+    | StopPassed | PromptRepeated | ToolCallMiss | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

@@ -19,7 +19,7 @@ import httpx
 import openai
 
 from bench.core.config import Prompt, Workload
-from bench.core.records import ErrorKind, ReferenceScore, RequestRecord
+from bench.core.records import ErrorKind, ReferenceScore, RequestRecord, ToolCall
 from bench.core.request import request_body, sdk_arguments
 from bench.core.tokens import TokenLogprobs
 
@@ -98,6 +98,19 @@ class _Result:
         self.text_given = False
         self.choice_ids: dict[int, int] = {}  # token ids received per choice (n > 1)
         self.stop_reason: str | int | None = None
+        self.tool_calls: dict[int, ToolCall] = {}  # the first choice's, by their index
+
+    def add_tool_calls(self, calls: Any, streamed: bool) -> None:
+        """Whole calls, or a stream's deltas: a name first, then the arguments in pieces."""
+        for position, call in enumerate(calls or []):
+            index = getattr(call, "index", None) if streamed else position
+            got = self.tool_calls.setdefault(index if index is not None else position, ToolCall())
+            function = getattr(call, "function", None)
+            if function is None:
+                continue
+            if function.name:
+                got.name = (got.name or "") + function.name if streamed else function.name
+            got.arguments += function.arguments or ""
 
     def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
         self.choices_seen = True
@@ -106,7 +119,9 @@ class _Result:
         if index != 0:
             return  # with n > 1 the first choice is the one judged; the others are counted
         if chat:
-            part = choice.delta.content if streamed else choice.message.content
+            message = choice.delta if streamed else choice.message
+            part = message.content
+            self.add_tool_calls(getattr(message, "tool_calls", None), streamed)
         else:
             part = choice.text
         self.text.append(part or "")
@@ -241,6 +256,7 @@ async def run_workload(
                         finish_reason=r.finish_reason, stop_reason=r.stop_reason,
                         choice_tokens=[r.choice_ids[i] for i in sorted(r.choice_ids)],
                         logprobs=r.logprobs, **r.timings(),
+                        tool_calls=None if prompt.tools is None else [r.tool_calls[i] for i in sorted(r.tool_calls)],
                     )
                 except Exception as exc:
                     kind, status = _classify(exc)

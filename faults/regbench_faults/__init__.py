@@ -34,6 +34,7 @@ FAULTS = (
     "min_tokens_off_by_one",
     "logit_bias_ignored",
     "schema_dropped",
+    "tool_args_dropped_streaming",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"
