@@ -152,6 +152,7 @@ def test_vllm_command_and_environment(minimal):
     assert env["PYTHONPATH"] == "/overlay/0.16.0:/mine"  # the overlay wins
     assert env["TMPDIR"] == "/s/tmp" and env["VLLM_CACHE_ROOT"] == "/s/cache"
     assert (env["A"], env["B"], env["VLLM_CPU_KVCACHE_SPACE"], env["HF_HUB_OFFLINE"]) == ("1", "2", "1", "1")
+    assert env["VLLM_NO_USAGE_STATS"] == "1"  # no usage report from any fresh start
 
 
 @pytest.mark.fault("server command cannot start")

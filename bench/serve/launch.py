@@ -70,6 +70,10 @@ def server_env(cell: Cell, server: ServerConfig, platform: Platform) -> dict[str
         # vLLM otherwise picks an interface address for its internal message queues; the bench
         # keeps all of a server's traffic on loopback.
         "VLLM_HOST_IP": HOST,
+        # vLLM's GPU worker otherwise posts a usage report to vLLM's stats server from every
+        # fresh start (vllm.usage.usage_lib), which a bench's hundreds of starts would skew, from
+        # hosts that may not reach it. A matrix's `server.env` may set it back to 0.
+        "VLLM_NO_USAGE_STATS": "1",
     }
     env.update(TOPOLOGY_ENV[server.topology])
     env.update(platform.env)
