@@ -119,3 +119,23 @@ def test_a_platform_without_its_profile_is_refused_not_run_blank(minimal):
     minimal["profiles"] = [{"name": "cpu"}]
     with pytest.raises(ConfigError, match=r"platforms \['h200'\] have no profile"):
         parse_config(minimal)
+
+
+def test_a_model_given_several_tensor_parallel_sizes_is_one_model_per_size(minimal):
+    """The size as an axis (vllm#48898: garbage only at TP 8): cell ids, baselines and filters
+    name each size, and the expanded matrix reads back as it ran."""
+    minimal["models"] = [{"name": "llama", "path": "/m", "tensor_parallel_size": [1, 8]}, {"name": "small", "path": "/s"}]
+    minimal["load_formats"] = [{"name": "safetensors"}]
+    minimal["baseline"] = {"model": "llama-tp1"}
+    minimal["include"] = [{"model": "llama-tp1"}, {"model": "llama-tp8"}]
+    config = parse_config(minimal)
+    cells = {c.id: c for c in expand(config)}
+    assert {i: (c.model.tensor_parallel_size, c.baseline_id) for i, c in cells.items()} == {
+        "llama-tp1__safetensors__cpu__img": (1, None),
+        "llama-tp8__safetensors__cpu__img": (8, "llama-tp1__safetensors__cpu__img"),
+    }
+    assert parse_config(config.model_dump(mode="json")) == config
+    for sizes, says in (([], "each size once"), ([2, 2], "each size once"), ([0], "greater than or equal to 1")):
+        minimal["models"][0]["tensor_parallel_size"] = sizes
+        with pytest.raises(ConfigError, match=says):
+            parse_config(minimal)

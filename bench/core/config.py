@@ -93,7 +93,8 @@ class Model(Strict):
     tensor_parallel_size: int = Field(
         default=1, ge=1, le=64,
         description="devices each server of this model takes, passed as `--tensor-parallel-size`; the runner "
-                    "gives it that many of the platform's `devices`")
+                    "gives it that many of the platform's `devices`. A list, e.g. `[1, 8]`, makes the size an "
+                    "axis: the model once per size, named `<name>-tp<N>`")
 
     @property
     def served(self) -> str:
@@ -809,6 +810,25 @@ class Config(Strict):
     @classmethod
     def _baseline_shorthand(cls, v: object) -> object:
         return {"load_format": v} if isinstance(v, str) else v
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _tensor_parallel_axis(cls, v: object) -> object:
+        # A model given several tensor-parallel sizes is several models, one per size, so that
+        # the size is an axis of the cell ids, baselines and filters (vllm#48898: garbage at TP 8
+        # only). Expanded before validation: a run's config.yaml holds the expanded models.
+        if not isinstance(v, list):
+            return v
+        models = []
+        for m in v:
+            sizes = m.get("tensor_parallel_size") if isinstance(m, dict) else None
+            if not isinstance(sizes, list):
+                models.append(m)
+                continue
+            if not sizes or len({str(n) for n in sizes}) != len(sizes):
+                raise ValueError(f"model {m.get('name')!r}: tensor_parallel_size lists each size once, at least one")
+            models.extend({**m, "name": f"{m.get('name')}-tp{n}", "tensor_parallel_size": n} for n in sizes)
+        return models
 
     @field_validator("repeats")
     @classmethod
