@@ -1,14 +1,17 @@
-"""Benchmark (not a test): vLLM's process topologies on CPU, booted side by side, as ratios.
+"""Benchmark (not a test): vLLM's process topologies on CPU, booted side by side, as ratios; with
+`--compare model-info-cache`, the `in_process` topology with a cold model-class inspection cache at
+every start against one shared across starts (`server.model_info_cache`).
 
 Each round runs two cells of the smoke matrix (the `safetensors` baseline under streamer 0.17.0
 and the `runai_streamer` cell under 0.16.0, which loses its weights: runai-model-streamer #157)
-once under every topology, one `regbench run` each, in alternating order so that a machine
+once under every variant, one `regbench run` each, in alternating order so that a machine
 slowing down or speeding up weighs on both alike. Prints per topology the boots, the median
 boot (process start → /health 200, the bench's own clock), the median shutdown, the whole
 run's wall time, each as a ratio to vLLM's default topology, and whether each run caught the
 seed bug and kept the baseline's token ids: a faster topology is only of use if it finds the same.
 
-Run after scripts/setup.sh:  .venv/bin/python scripts/bench_topology.py [--rounds 3]
+Run after scripts/setup.sh:
+  .venv/bin/python scripts/bench_topology.py [--rounds 3] [--compare topology|model-info-cache]
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.core.config import TOPOLOGY_ENV  # noqa: E402
 from bench.core.records import Summary  # noqa: E402
 from bench.store.results import ResultsDir  # noqa: E402
 
@@ -35,25 +37,36 @@ BUG = "tiny-canary__runai_streamer__cpu__streamer-0.16.0"
 BASELINE = "tiny-canary__safetensors__cpu__streamer-0.17.0"
 
 
-def matrix(topology: str) -> Path:
+# What each comparison varies in the matrix's `server` block; the first variant is the reference.
+VARIANTS = {
+    "topology": {"default": {"topology": "default"}, "in_process": {"topology": "in_process"}},
+    "model-info-cache": {"cold": {"topology": "in_process", "model_info_cache": False},
+                         "shared": {"topology": "in_process", "model_info_cache": True}},
+}
+
+
+def matrix(name: str, server: dict) -> Path:
     data = yaml.safe_load((ROOT / "configs" / "cpu-smoke.yaml").read_text())
     data["repeats"] = 1
-    data["server"]["topology"] = topology
+    data["server"].update(server)
     data["include"] = [{"load_format": "runai_streamer", "image": "streamer-0.16.0"},
                        {"load_format": "safetensors", "image": "streamer-0.17.0"}]
     data["baseline"] = {"load_format": "safetensors", "image": "streamer-0.17.0"}
-    out = ROOT / "configs" / f".topology-{topology}-{os.getpid()}.yaml"  # beside the smoke file: same paths
+    out = ROOT / "configs" / f".topology-{name}-{os.getpid()}.yaml"  # beside the smoke file: same paths
     out.write_text(yaml.safe_dump(data))
     return out
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=3, help="runs per topology (two boots each)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per variant (two boots each)")
+    parser.add_argument("--compare", choices=list(VARIANTS), default="topology",
+                        help="what to vary: vLLM's process layout, or the shared model-info cache")
 
 
 def main(args: argparse.Namespace) -> int:
-    topologies = list(TOPOLOGY_ENV)
-    configs = {t: matrix(t) for t in topologies}
+    variants = VARIANTS[args.compare]
+    topologies = list(variants)
+    configs = {t: matrix(t, variants[t]) for t in topologies}
     boots: dict[str, list[float]] = {t: [] for t in topologies}
     stops: dict[str, list[float]] = {t: [] for t in topologies}
     walls: dict[str, list[float]] = {t: [] for t in topologies}
@@ -87,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
         for c in configs.values():
             c.unlink()
     first = topologies[0]
-    print(f"\n{'topology':<11} {'boots':>5} {'boot s (median)':>16} {'ratio':>6} {'shutdown s':>10} "
+    print(f"\n{'variant':<11} {'boots':>5} {'boot s (median)':>16} {'ratio':>6} {'shutdown s':>10} "
           f"{'run wall s':>10} {'ratio':>6}  findings kept")
     for t in topologies:
         boot, wall = statistics.median(boots[t]), statistics.median(walls[t])

@@ -42,7 +42,9 @@ def smoke_run(tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
     # One fresh start a cell (the file asks for two): repeated starts are shown by the resume,
     # bisect and history tests, and the smoke's cells are the same servers each time.
-    p = regbench("run", str(SMOKE), "--results", str(results), "--run-id", "smoke", "--repeats", "1")
+    # A cache home of its own, so that what vLLM keeps across starts is seen being written.
+    env = {**os.environ, "XDG_CACHE_HOME": str(results.parent / "smoke-xdg-cache")}
+    p = regbench("run", str(SMOKE), "--results", str(results), "--run-id", "smoke", "--repeats", "1", env=env)
     output, _ = p.communicate(timeout=1800)
     return p.returncode, output, results / "smoke"
 
@@ -67,6 +69,23 @@ def test_smoke_matrix_catches_the_streamer_bug(smoke_run):
         assert (c.verdict, c.failures, c.runs) == ("pass", 0, 1), c
     md = (run_dir / "summary.md").read_text()
     assert f"| `{STREAMER_BUG}` | **FAIL** | 1/1 |" in md
+
+
+def test_each_image_kept_vllms_model_info_cache_across_its_fresh_starts(smoke_run):
+    # vLLM wrote its model-class inspection through each server's link into one folder per image
+    # (two images, two cells each: the second start of each found it), and the servers' own
+    # scratch folders, links included, are gone.
+    from bench.serve.launch_local import model_info_folder
+    from bench.store.matrixfile import load_config
+
+    _, _, run_dir = smoke_run
+    env = {"XDG_CACHE_HOME": str(run_dir.parent.parent / "smoke-xdg-cache")}
+    images = load_config(SMOKE).images
+    folders = {model_info_folder(image, env) for image in images}
+    assert len(folders) == len(images) == 2
+    for folder in folders:
+        (entry,) = folder.glob("*LlamaForCausalLM.json")
+        assert json.loads(entry.read_text())["modelinfo"]["is_text_generation_model"] is True
 
 
 def test_the_diagnosis_names_the_empty_shard_stream_stop_with_its_evidence(smoke_run):

@@ -272,6 +272,67 @@ def test_a_per_platform_knob_the_platform_cannot_run_is_refused_with_why(minimal
         _on_profile(minimal, knobs, "fp8-kv-cache")
 
 
+def test_a_knob_that_needs_a_cpu_flag_the_host_lacks_is_not_runnable_there(minimal):
+    from bench.serve.launch import knob_not_runnable
+
+    base, _, fp8 = _on_profile(minimal, {"fp8-kv-cache": {"server_args": ["--kv-cache-dtype", "fp8"],
+                                                         "cpu_flags": ["avx512f", "amx_tile"]}}, "fp8-kv-cache")
+    assert fp8.knob.cpu_flags == ["avx512f", "amx_tile"]
+    assert fp8.knob.describe() == "--kv-cache-dtype fp8, on a CPU with avx512f or amx_tile"
+    avx2 = frozenset({"fpu", "avx2", "fma"})
+    why = knob_not_runnable(fp8, avx2, "AMD EPYC")
+    assert why == ("not runnable on this host: knob 'fp8-kv-cache' needs a CPU with avx512f or amx_tile, and "
+                   "this host's (AMD EPYC) has none of them")
+    assert knob_not_runnable(fp8, avx2 | {"amx_tile"}) is None  # one of them is enough
+    assert knob_not_runnable(fp8, None) is None  # flags unknown: the boot says
+    assert knob_not_runnable(base, avx2) is None  # the cell without the knob needs nothing
+    with pytest.raises(ConfigError, match="cpu_flags"):
+        _on_profile(minimal, {"fp8-kv-cache": {"server_args": ["--x"], "cpu_flags": ["AVX-512"]}}, "fp8-kv-cache")
+
+
+def test_a_knob_the_host_cannot_run_starts_no_server_and_says_why_once(tmp_path):
+    """On the fake vLLM: a knob needing a flag no CPU has is not_runnable at its first start and
+    its second is not tried; one needing a flag this host has runs and holds."""
+    from bench.serve.fingerprint import host_cpu_flags
+
+    flags = host_cpu_flags()
+    assert flags, "this host's CPU flags cannot be read"
+    model = tmp_path / "model"
+    model.mkdir()
+    matrix = {
+        "name": "flags",
+        "models": [{"name": "m", "path": str(model)}],
+        "load_formats": [{"name": "safetensors"}],
+        "images": [{"name": "fake", "python": sys.executable, "pythonpath": [str(FAKEVLLM)]}],
+        "comparison": {"mode": "exact"},
+        "repeats": 2,
+        "early_stop": False,
+        "workload": {"prompts": [{"id": "p", "prompt": "hi"}], "request_timeout_s": 60},
+        "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
+        "reference_text": {"enabled": False},
+        "preflight": False,
+        "invariance": {"knobs": [
+            {"name": "absent", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag"]},
+            {"name": "present", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag", min(flags)]},
+        ]},
+    }
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(matrix))
+    done = subprocess.run([sys.executable, "-m", "bench", "run", str(path), "--results", str(tmp_path / "r"),
+                           "--run-id", "r"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert done.returncode == 1, done.stdout + done.stderr
+    run_dir = tmp_path / "r" / "r"
+    cells = {c["cell_id"]: c for c in json.loads((run_dir / "summary.json").read_text())["cells"]}
+    absent, present = cells["m__safetensors__cpu__fake+absent"], cells["m__safetensors__cpu__fake+present"]
+    assert (absent["verdict"], absent["runs"], absent["reasons"]) == ("fail", 1, {"not_runnable": 1})
+    assert (present["verdict"], present["runs"]) == ("pass", 2)
+    assert "+absent #1 (no boot): not_runnable" in done.stderr and "+absent #2" not in done.stderr
+    runs = [r for r in map(json.loads, (run_dir / "runs.jsonl").read_text().splitlines())
+            if r["cell_id"] == absent["cell_id"]]
+    assert len(runs) == 1 and "needs a CPU with no_such_flag" in runs[0]["server"]["start_error"]
+    assert runs[0]["server"]["boot_s"] is None  # no process was started
+
+
 def test_a_platform_knob_needs_arguments_or_a_reason():
     from bench.core.config import PlatformKnob
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -364,3 +365,30 @@ def test_clean_leaves_the_servers_of_a_bench_that_still_runs(tmp_path):
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_the_model_info_cache_is_one_folder_per_interpreter_and_overlay_set(minimal, tmp_path):
+    from bench.serve.launch_local import model_info_folder, share_model_infos
+
+    minimal["images"].append({**minimal["images"][0], "name": "other", "pythonpath": ["/overlay/x"]})
+    config = parse_config(minimal)
+    first, other = config.images
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": "/nowhere"}
+    folder = model_info_folder(first, env)
+    assert folder.parent == tmp_path / "xdg" / "regbench" / "modelinfos"
+    assert folder == model_info_folder(first.model_copy(), env) != model_info_folder(other, env)
+    assert model_info_folder(first, {"HOME": "/h"}).is_relative_to("/h/.cache/regbench")
+    scratch = tmp_path / "scratch"
+    share_model_infos(scratch, folder)
+    (scratch / "cache" / "modelinfos" / "entry.json").write_text("{}")
+    shutil.rmtree(scratch)  # as the launcher removes a server's scratch folder: the link, not its target
+    assert (folder / "entry.json").read_text() == "{}"
+    # A cache folder that cannot be made (here a file stands in its way: the suite may run as root,
+    # whom permissions do not stop) leaves the server a cold cache of its own, and no link.
+    locked = tmp_path / "locked"
+    locked.write_text("")
+    share_model_infos(tmp_path / "scratch2", locked / "modelinfos")
+    assert not (tmp_path / "scratch2" / "cache" / "modelinfos").exists()
+    assert parse_config(minimal).server.model_info_cache
+    minimal["server"] = {"model_info_cache": False}
+    assert not parse_config(minimal).server.model_info_cache

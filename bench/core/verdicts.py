@@ -101,8 +101,9 @@ Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the evidence has the log tail
     not_runnable         the image cannot run on this host (its architecture is not the host's,
-                         from `docker image inspect`): checked once before any container of it,
-                         so no boot was tried; the evidence names both architectures
+                         from `docker image inspect`), or the cell's knob needs a CPU flag the
+                         host lacks (a profile knob's `cpu_flags`, from /proc/cpuinfo): checked
+                         before any server, so no boot was tried; the evidence says which
     boot_timeout         /health did not answer 200 before the boot deadline
     port_taken           another program held the server's port and answered in its place; no
                          request was sent to it (the evidence names the process)

@@ -6,6 +6,7 @@ than of the bench's, because a PYTHONPATH overlay or an image can change what vL
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import re
@@ -87,6 +88,19 @@ def host_cpu() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
+
+
+@functools.cache
+def host_cpu_flags() -> frozenset[str] | None:
+    """This host's CPU feature flags, from /proc/cpuinfo's first `flags` line (x86) or
+    `Features` line (Arm); None where there is none to read (not Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
 
 def host_gpu() -> str | None:

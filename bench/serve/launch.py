@@ -14,6 +14,7 @@ from bench.core.config import TOPOLOGY_ENV, Image, LoadFormat, Platform
 from bench.core.config import ServerSettings as ServerConfig
 from bench.core.matrix import Cell
 from bench.core.records import Devices
+from bench.core.verdicts import NOT_RUNNABLE
 
 # The runner takes these from here; their home is bench.serve.errors and bench.serve.protocols.
 from bench.serve.errors import BootError as BootError
@@ -39,6 +40,18 @@ def serve_args(cell: Cell, server: ServerConfig, port: int, model_path: str) -> 
         args += ["--tensor-parallel-size", str(cell.model.tensor_parallel_size)]
     # A knob's arguments last, so that they win over the matrix's and the model's.
     return args + list(server.args) + list(cell.model.server_args) + list(cell.knob.server_args if cell.knob else ())
+
+
+def knob_not_runnable(cell: Cell, host_flags: frozenset[str] | None, host_cpu: str | None = None) -> str | None:
+    """Why a knob's cell cannot run on this host (pure): the knob needs one of its `cpu_flags`
+    and the host's CPU has none of them. Said before any server starts, as a start error the
+    judge reads as not_runnable. None where it can run, or where the flags cannot be read."""
+    knob = cell.knob
+    if knob is None or not knob.cpu_flags or host_flags is None or host_flags.intersection(knob.cpu_flags):
+        return None
+    need = knob.cpu_flags
+    return (f"{NOT_RUNNABLE}: knob {knob.name!r} needs a CPU with {' or '.join(need)}, and this host's "
+            f"({host_cpu or 'unnamed CPU'}) has none of them")
 
 
 def image_env(image: Image, base: dict[str, str]) -> dict[str, str]:

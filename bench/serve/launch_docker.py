@@ -56,8 +56,8 @@ from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
 from bench.core.verdicts import NOT_RUNNABLE
 from bench.serve.errors import LauncherUnavailable, StartError
-from bench.serve.fingerprint import PROBE, host_cpu, host_cuda, host_gpu, parse_probe
-from bench.serve.launch import OVERLAY_ROOT, device_env, serve_args, server_env
+from bench.serve.fingerprint import PROBE, host_cpu, host_cpu_flags, host_cuda, host_gpu, parse_probe
+from bench.serve.launch import OVERLAY_ROOT, device_env, knob_not_runnable, serve_args, server_env
 from bench.serve.launchers import register
 from bench.serve.lifecycle import Server
 from bench.serve.memory import gpu_bytes
@@ -558,7 +558,8 @@ class DockerLauncher:
                 pin = self._resolved(cell.image).pin
             except ImageUnavailable as exc:
                 raise StartError(str(exc)) from None
-            reason = self.not_runnable(pin, cell.image.ref or pin)
+            reason = self.not_runnable(pin, cell.image.ref or pin) or knob_not_runnable(
+                cell, host_cpu_flags(), host_cpu())  # a container runs on this host's CPU
             if reason is not None:
                 raise StartError(reason)
             return Container(self.docker, pin, command, create, log_path, self.redactor)

@@ -1,12 +1,15 @@
 """The local launcher, the built-in default: `vllm serve` from the image's Python on this host.
 
 Each server runs as its own process group on 127.0.0.1 and a free port, with a per-run TMPDIR
-and VLLM_CACHE_ROOT (removed afterwards), its whole output in the run's log file; its processes
-carry the labels bench.serve.reap finds leftovers by.
+and VLLM_CACHE_ROOT (removed afterwards; only vLLM's model-class inspection cache is kept, per
+image), its whole output in the run's log file; its processes carry the labels bench.serve.reap
+finds leftovers by.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -23,8 +26,8 @@ from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
 from bench.serve.errors import StartError
-from bench.serve.fingerprint import fingerprint
-from bench.serve.launch import device_env, image_env, serve_args, server_env
+from bench.serve.fingerprint import fingerprint, host_cpu, host_cpu_flags
+from bench.serve.launch import device_env, image_env, knob_not_runnable, serve_args, server_env
 from bench.serve.launchers import register
 from bench.serve.lifecycle import Server
 from bench.serve.memory import gpu_bytes, pids_of_tree, rss_of_tree
@@ -58,6 +61,27 @@ def vllm_env(
                VLLM_ASSETS_CACHE=str(scratch / "assets"))
     env.update(server_env(cell, server, platform or Platform(name=cell.platform)))
     return image_env(cell.image, env)
+
+
+def model_info_folder(image: Image, env: Mapping[str, str]) -> Path:
+    """Where the servers of one image share vLLM's `modelinfos` cache (pure). One folder per
+    interpreter and overlay set: vLLM checks an entry against the model file's hash, not against
+    its own version, and an overlay may carry other model code."""
+    key = json.dumps([os.path.realpath(image.python or ""), list(image.pythonpath)])
+    root = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "~").expanduser() / ".cache")
+    return root / "regbench" / "modelinfos" / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def share_model_infos(scratch: Path, folder: Path) -> None:
+    """Links the server's VLLM_CACHE_ROOT/modelinfos to the image's shared folder. Where that
+    folder cannot be made (a read-only home), the server keeps a cold cache of its own, as it
+    would without the option: slower by one interpreter start, judged the same."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    (scratch / "cache").mkdir(parents=True, exist_ok=True)
+    (scratch / "cache" / "modelinfos").symlink_to(folder, target_is_directory=True)
 
 
 class LogPump:
@@ -202,10 +226,15 @@ class LocalLauncher:
         log_path = run_dir / "server.log"
 
         def start() -> ProcessGroup:
+            reason = knob_not_runnable(cell, host_cpu_flags(), host_cpu())
+            if reason is not None:
+                raise StartError(reason)
             # vLLM binds ZMQ ipc sockets in TMPDIR and a socket path may not exceed 107 bytes,
             # so the scratch space is a short path of its own, not a folder under the results.
             scratch = Path(tempfile.mkdtemp(prefix="regbench-"))
             env = vllm_env(cell, server, scratch, self.base_env, cell.profile)
+            if server.model_info_cache:
+                share_model_infos(scratch, model_info_folder(cell.image, self.base_env))
             env.update(device_env(devices))
             # Labels every process of the server inherits, so leftovers can be found by them.
             env[RUN_LABEL] = str(run_dir)
