@@ -6,6 +6,7 @@ bench.core.verdicts.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -296,9 +297,19 @@ def _content(prompt: Prompt) -> str:
                                            "tools", "tool_choice", "stop_token_ids"})
 
 
+def _arguments(arguments: str) -> str:
+    """A call's arguments as what they mean: JSON in one spelling, whatever whitespace or key
+    order the server wrote (vLLM's hermes parser re-serialises a whole answer's arguments and
+    streams the model's own text: the same tokens, two spellings). Not JSON: as written."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        return arguments
+
+
 def _told(req: RequestRecord) -> str:
     """What an answer told its client: its text, then each tool call it carried."""
-    calls = "".join(f"<call {c.name}: {c.arguments}>" for c in req.tool_calls or [])
+    calls = "".join(f"<call {c.name}: {_arguments(c.arguments)}>" for c in req.tool_calls or [])
     return (req.text or "") + calls
 
 
