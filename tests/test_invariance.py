@@ -162,31 +162,37 @@ def test_under_the_tolerant_rule_a_token_in_the_other_sides_top_k_holds(minimal)
     assert "vs without serial (id 3" in broken.invariance_broken
 
 
-def test_a_run_with_knobs_on_the_fake_vllm(tmp_path):
-    """serial holds; a knob whose variable makes the server answer other token ids breaks; the
-    knob's argument reaches its servers only; summary.md says which knob changed what."""
+def run_on_the_fake_vllm(tmp_path: Path, knobs: list, prompts: list[dict], **matrix) -> tuple:
+    """`regbench run` of one cell and its knobs' on the fake vLLM: (the process, its results folder)."""
     model = tmp_path / "model"
     model.mkdir()
-    matrix = {
+    spec = {
         "name": "knobs",
         "models": [{"name": "m", "path": str(model)}],
         "load_formats": [{"name": "safetensors"}],
         "images": [{"name": "fake", "python": sys.executable, "pythonpath": [str(FAKEVLLM)]}],
         "comparison": {"mode": "exact"},
-        "workload": {"prompts": [{"id": "p", "prompt": "hi"}, {"id": "q", "prompt": "yo"}], "concurrency": 2,
-                     "request_timeout_s": 60},
+        "workload": {"prompts": prompts, "concurrency": 2, "request_timeout_s": 60},
         "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
         "reference_text": {"enabled": False},
         "preflight": False,
-        "invariance": {"knobs": ["serial", {"name": "shifted", "env": {"FAKE_VLLM_MODE": "shifted"},
-                                            "server_args": ["--fake-knob-arg"]}]},
+        "invariance": {"knobs": knobs},
+        **matrix,
     }
     path = tmp_path / "matrix.yaml"
-    path.write_text(yaml.safe_dump(matrix))
+    path.write_text(yaml.safe_dump(spec))
     done = subprocess.run([sys.executable, "-m", "bench", "run", str(path), "--results", str(tmp_path / "r"),
                            "--run-id", "r"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    return done, tmp_path / "r" / "r"
+
+
+def test_a_run_with_knobs_on_the_fake_vllm(tmp_path):
+    """serial holds; a knob whose variable makes the server answer other token ids breaks; the
+    knob's argument reaches its servers only; summary.md says which knob changed what."""
+    done, run_dir = run_on_the_fake_vllm(tmp_path, ["serial", {"name": "shifted", "env": {"FAKE_VLLM_MODE": "shifted"},
+                                                               "server_args": ["--fake-knob-arg"]}],
+                                         prompts=[{"id": "p", "prompt": "hi"}, {"id": "q", "prompt": "yo"}])
     assert done.returncode == 1, done.stdout + done.stderr
-    run_dir = tmp_path / "r" / "r"
     cells = {c["cell_id"]: c for c in json.loads((run_dir / "summary.json").read_text())["cells"]}
     base, serial, shifted = "m__safetensors__cpu__fake", "m__safetensors__cpu__fake+serial", \
         "m__safetensors__cpu__fake+shifted"
@@ -297,31 +303,11 @@ def test_a_knob_the_host_cannot_run_starts_no_server_and_says_why_once(tmp_path)
 
     flags = host_cpu_flags()
     assert flags, "this host's CPU flags cannot be read"
-    model = tmp_path / "model"
-    model.mkdir()
-    matrix = {
-        "name": "flags",
-        "models": [{"name": "m", "path": str(model)}],
-        "load_formats": [{"name": "safetensors"}],
-        "images": [{"name": "fake", "python": sys.executable, "pythonpath": [str(FAKEVLLM)]}],
-        "comparison": {"mode": "exact"},
-        "repeats": 2,
-        "early_stop": False,
-        "workload": {"prompts": [{"id": "p", "prompt": "hi"}], "request_timeout_s": 60},
-        "server": {"boot_timeout_s": 60, "shutdown_timeout_s": 5},
-        "reference_text": {"enabled": False},
-        "preflight": False,
-        "invariance": {"knobs": [
-            {"name": "absent", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag"]},
-            {"name": "present", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag", min(flags)]},
-        ]},
-    }
-    path = tmp_path / "matrix.yaml"
-    path.write_text(yaml.safe_dump(matrix))
-    done = subprocess.run([sys.executable, "-m", "bench", "run", str(path), "--results", str(tmp_path / "r"),
-                           "--run-id", "r"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    done, run_dir = run_on_the_fake_vllm(tmp_path, [
+        {"name": "absent", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag"]},
+        {"name": "present", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag", min(flags)]},
+    ], prompts=[{"id": "p", "prompt": "hi"}], repeats=2, early_stop=False)
     assert done.returncode == 1, done.stdout + done.stderr
-    run_dir = tmp_path / "r" / "r"
     cells = {c["cell_id"]: c for c in json.loads((run_dir / "summary.json").read_text())["cells"]}
     absent, present = cells["m__safetensors__cpu__fake+absent"], cells["m__safetensors__cpu__fake+present"]
     assert (absent["verdict"], absent["runs"], absent["reasons"]) == ("fail", 1, {"not_runnable": 1})
