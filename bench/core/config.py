@@ -518,8 +518,8 @@ class ServerSettings(Strict):
                                        "(CPU platforms only, tensor-parallel size 1): the model worker inside the "
                                        "engine-core process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), one interpreter "
                                        "fewer to boot")
-    # vLLM inspects a model's class in a fresh interpreter (importing torch and vLLM: about 9 s on
-    # CPU) unless VLLM_CACHE_ROOT/modelinfos holds the answer; a server's own cache root is new
+    # vLLM inspects a model's class in a fresh interpreter (importing torch and vLLM: about 10 s
+    # on CPU) unless VLLM_CACHE_ROOT/modelinfos holds the answer; a server's own cache root is new
     # at every start, so it never does (docs/launchers.md).
     model_info_cache: bool = Field(
         default=True, description="local launcher: keep vLLM's model-class inspection cache (`modelinfos`, "

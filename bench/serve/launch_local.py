@@ -64,9 +64,9 @@ def vllm_env(
 
 
 def model_info_folder(image: Image, env: Mapping[str, str]) -> Path:
-    """Where the servers of one image share vLLM's `modelinfos` cache (pure). One folder per
-    interpreter and overlay set: vLLM checks an entry against the model file's hash, not against
-    its own version, and an overlay may carry other model code."""
+    """Where the servers of one image share vLLM's `modelinfos` cache. One folder per interpreter
+    (its real path) and overlay set: vLLM checks an entry against the model file's hash, not
+    against its own version, and an overlay may carry other model code."""
     key = json.dumps([os.path.realpath(image.python or ""), list(image.pythonpath)])
     root = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "~").expanduser() / ".cache")
     return root / "regbench" / "modelinfos" / hashlib.sha256(key.encode()).hexdigest()[:16]
