@@ -14,6 +14,7 @@ that escapes is a bug and keeps its traceback.
     ├── LauncherUnavailable   the launcher's back-end is not there
     │   └── DockerUnavailable no Docker engine answers (bench.serve.launch_docker)
     ├── SlurmError            sbatch/scontrol failed (bench.slurm)
+    ├── LockFolderError       a device lock folder or file this user cannot open (bench.serve.slots)
     ├── VersionsError         a version map or bisect that cannot go on (bench.versions)
     ├── OverlayError          a loader release that cannot be installed (bench.weights.overlays)
     ├── NotACheckpoint        not a checkpoint folder (bench.weights.checkpoint)

@@ -8,13 +8,18 @@ the lock folder, keeps a second bench off devices the first one holds: the kerne
 lock when its holder dies, so a SIGKILLed bench can never leave a device locked.
 
 The lock folder is ``$REGBENCH_LOCK_DIR``, else ``/run/lock/regbench`` (every user's bench on
-the host must see the same one), else the temp folder.
+the host must see the same one), else the temp folder. Benches of several users share it: whoever
+creates the folder makes it world-writable and sticky (1777, like /tmp), and each lock file
+world-writable (0666), so that another uid can open them; a folder or file that still cannot be
+opened is a LockFolderError naming it and REGBENCH_LOCK_DIR.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -22,10 +27,38 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
+from bench.core.errors import RegbenchError
 from bench.core.records import Devices, RunRecord
 from bench.core.stop import Stopped, StopToken
 
 LOCK_DIR_ENV = "REGBENCH_LOCK_DIR"
+
+
+class LockFolderError(RegbenchError):
+    """The lock folder or a lock file in it cannot be created or opened by this user."""
+
+
+def _cannot(path: Path, exc: OSError) -> LockFolderError:
+    return LockFolderError(
+        f"cannot use the device lock {path} ({exc.strerror or exc}): another user's bench made it without "
+        f"write access for others. Make it writable to every user of this host (chmod 1777 on the folder, "
+        f"0666 on its files), or give every bench here one writable folder as {LOCK_DIR_ENV}"
+    )
+
+
+def _shared_folder(path: Path) -> None:
+    """The folder, created if need be, writable by every user (1777); the umask applies to mkdir,
+    hence the chmod. Only its owner can chmod it: another user's folder is left as it is."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cannot(path, exc) from None
+    try:
+        if path.stat().st_uid == os.geteuid() and stat.S_IMODE(path.stat().st_mode) != 0o1777:
+            path.chmod(0o1777)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EACCES):
+            raise _cannot(path, exc) from None
 
 
 def lock_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -45,15 +78,24 @@ class SlotPool:
         self.kind = kind
         self.ids = list(ids)
         self.locks = locks or lock_dir()
-        self.locks.mkdir(parents=True, exist_ok=True)
+        _shared_folder(self.locks)
         self.poll_s = poll_s
         self._cond = threading.Condition()
         self._held: dict[str, int] = {}  # device id -> fd of its lock file
 
     def _try_lock(self, device: str) -> int | None:
-        # World-writable so that benches of different users on one host share the locks.
         path = self.locks / f"{self.kind}{device}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError as exc:
+            raise _cannot(path, exc) from None
+        # World-writable so that benches of different users on one host share the locks: the
+        # umask took bits off the mode asked for, and only the file's owner may put them back.
+        try:
+            if os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, 0o666)
+        except PermissionError:
+            pass
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
