@@ -87,3 +87,54 @@ def test_merge_refuses_what_is_not_slices_of_one_run(tmp_path):
     with pytest.raises(ResultsError, match="different matrix"):
         merge([a.path, d.path], tmp_path / "out")
     assert main(["merge", str(a.path), str(c.path), "-o", str(tmp_path / "out")]) == 2
+
+
+NIGHTLY = "vllm/vllm-openai:cu130-nightly"
+# Two builds of one tag, as the docker launcher records them (bench.serve.launch_docker.pin_of):
+# the registry digest of the tag's repository is the pin, the image id is the engine's.
+BUILD_1 = dict(image_ref=NIGHTLY, image_pin="vllm/vllm-openai@sha256:" + "1" * 64,
+               image_digest="vllm/vllm-openai@sha256:" + "1" * 64, image_id="sha256:" + "a" * 64)
+BUILD_2 = dict(image_ref=NIGHTLY, image_pin="vllm/vllm-openai@sha256:" + "2" * 64,
+               image_digest="vllm/vllm-openai@sha256:" + "2" * 64, image_id="sha256:" + "b" * 64)
+
+
+def _pinned_split(results, tmp_path, keep, build):
+    part = _split(results, tmp_path, keep)
+    (part.path / "fingerprint.jsonl").unlink()
+    synth.fingerprint(part, "img", runai_model_streamer="0.16.0", **build)
+    return part
+
+
+def test_merge_refuses_slices_that_ran_two_builds_of_one_tag(tmp_path):
+    """The baseline cell's slice pulled one nightly and the test cell's slice the next: merged,
+    the divergence between them would be called a vLLM regression."""
+    whole = synth.streamer_bug(tmp_path / "whole", "run1")
+    a = _pinned_split(whole, tmp_path / "a", lambda c: "safetensors" in c, BUILD_1)
+    b = _pinned_split(whole, tmp_path / "b", lambda c: "runai" in c, BUILD_2)
+    with pytest.raises(ResultsError) as err:
+        merge([a.path, b.path], tmp_path / "out")
+    said = str(err.value)
+    assert f"image img: the slices ran different builds of {NIGHTLY}" in said
+    assert f"{a.path} ran {BUILD_1['image_pin']} (image {BUILD_1['image_id']})" in said
+    assert f"{b.path} ran {BUILD_2['image_pin']} (image {BUILD_2['image_id']})" in said
+    assert "--image NAME=REPO@sha256:" in said and "--format pins" in said
+    assert not (tmp_path / "out" / "run1").exists()
+    assert main(["merge", str(a.path), str(b.path), "-o", str(tmp_path / "out")]) == 2
+
+
+def test_merge_takes_slices_of_one_build(tmp_path):
+    whole = synth.streamer_bug(tmp_path / "whole", "run1")
+    a = _pinned_split(whole, tmp_path / "a", lambda c: "safetensors" in c, BUILD_1)
+    b = _pinned_split(whole, tmp_path / "b", lambda c: "runai" in c, BUILD_1)
+    merged = merge([a.path, b.path], tmp_path / "out")
+    assert [f.image_pin for f in merged.fingerprints()] == [BUILD_1["image_pin"]]
+
+
+def test_one_digest_on_two_architectures_is_one_build(tmp_path):
+    """A multi-arch tag's slices on an x86 and an arm64 host: one registry digest (the image
+    index's), two image ids (each platform's image config)."""
+    whole = synth.streamer_bug(tmp_path / "whole", "run1")
+    a = _pinned_split(whole, tmp_path / "a", lambda c: "safetensors" in c, BUILD_1)
+    b = _pinned_split(whole, tmp_path / "b", lambda c: "runai" in c,
+                      dict(BUILD_1, image_id="sha256:" + "c" * 64, arch="aarch64"))
+    assert len(merge([a.path, b.path], tmp_path / "out").fingerprints()) == 2

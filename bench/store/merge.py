@@ -1,9 +1,11 @@
 """Merge: the results folders of the slices of one run, put back into one folder.
 
 Slices are only merged when they are slices of the same thing: the same run id and the same
-matrix as run. A (cell, repeat) present in two slices is an error, not an overwrite. The reports
-are derived again from the merged JSONL, so divergence against a baseline cell that ran in
-another slice is judged too.
+matrix as run, and every slice ran the same build of each image: a tag such as a nightly's moves,
+and each slice resolves its own, so two slices can hold two builds under one name, a cell and its
+baseline among them; merged, their difference would read as vLLM's. A (cell, repeat) present in
+two slices is an error, not an overwrite. The reports are derived again from the merged JSONL, so
+divergence against a baseline cell that ran in another slice is judged too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from bench.core.records import RunRecord
+from bench.core.records import Fingerprint, RunRecord
 from bench.store.results import ResultsDir, ResultsError
 
 T = TypeVar("T", bound=BaseModel)
@@ -37,6 +39,7 @@ def merge(sources: list[Path], out: Path) -> ResultsDir:
     for path, config in configs.items():
         if config != first:
             raise ResultsError(f"{path}: ran a different matrix than {slices[0].path}")
+    same_builds(slices)
 
     runs: list[RunRecord] = []
     seen: dict[tuple[str, int], Path] = {}
@@ -78,6 +81,48 @@ def merge(sources: list[Path], out: Path) -> ResultsDir:
         "interrupted": any(p.interrupted for p in plans),
     }))
     return merged
+
+
+def same_builds(slices: list[ResultsDir]) -> None:
+    """Raises ResultsError naming each image that the slices' fingerprints record as two builds,
+    with each slice and what it ran. Two records are one build when their pins are equal (one
+    registry digest: the same multi-arch image on two platforms has two image ids) or their image
+    ids are (one image that reached the hosts under two names). Records with neither (a launcher
+    that pulls nothing, an image that could not be resolved) say nothing about the build."""
+    by_image: dict[str, list[tuple[Path, Fingerprint]]] = {}
+    for s in slices:
+        for f in s.fingerprints():
+            if _pin(f) or f.image_id:
+                by_image.setdefault(f.image, []).append((s.path, f))
+    problems = []
+    for image, records in by_image.items():
+        if all(_one_build(a, b) for _, a in records for _, b in records):
+            continue
+        ran = "; ".join(dict.fromkeys(f"{path} ran {_build(f)}" for path, f in records))
+        refs = ", ".join(dict.fromkeys(f.image_ref for _, f in records if f.image_ref)) or "its reference"
+        problems.append(f"image {image}: the slices ran different builds of {refs} ({ran})")
+    if problems:
+        raise ResultsError(
+            "; ".join(problems) + ". Merged, a cell and its baseline from two builds would be compared as one "
+            "image, and their difference called vLLM's: not merged. Run every slice from one build: pin the "
+            "image by digest (`ref: REPO@sha256:…` in the matrix, or the same `--image NAME=REPO@sha256:…` "
+            "given to every slice; `regbench plan CONFIG --format pins` prints them for the current tags), "
+            "then run the slices again under a new run id")
+
+
+def _pin(f: Fingerprint) -> str | None:
+    return f.image_pin or f.image_digest
+
+
+def _one_build(a: Fingerprint, b: Fingerprint) -> bool:
+    return bool((_pin(a) and _pin(a) == _pin(b)) or (a.image_id and a.image_id == b.image_id))
+
+
+def _build(f: Fingerprint) -> str:
+    pin, image_id = _pin(f), f.image_id
+    if pin and image_id and pin != image_id:
+        return f"{pin} (image {image_id})"
+    return str(pin or image_id)
 
 
 def _distinct(records: list[T]) -> list[T]:
