@@ -3,7 +3,8 @@
 # tests/ and mypy on bench/, with the rules and settings in pyproject.toml, and import-linter's
 # contracts (the core imports no I/O layer; each stage only the stages below it), and that
 # docs/matrix.md's generated key reference matches the config models (scripts/matrix_reference.py),
-# and docs/judged.md's findings table the taxonomy in bench/core/verdicts.py (scripts/judged_reference.py).
+# and docs/judged.md's findings table the taxonomy in bench/core/verdicts.py (scripts/judged_reference.py),
+# and zizmor's audits of .github/workflows (offline: no GitHub token, no network).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check --output-format concise bench tests faults
@@ -13,4 +14,5 @@ cd "$(dirname "$0")/.."
 # docs/matrix.md's key reference against the config models' field descriptions.
 .venv/bin/python scripts/matrix_reference.py --check
 .venv/bin/python scripts/judged_reference.py --check
-echo "lint: ruff, mypy, import contracts, the matrix reference and the findings reference pass"
+.venv/bin/zizmor --offline --strict-collection --no-progress --color never .github/workflows
+echo "lint: ruff, mypy, import contracts, the matrix reference, the findings reference and zizmor pass"

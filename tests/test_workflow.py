@@ -1,11 +1,14 @@
 """The qualification workflows cannot run here (no GPU runners): validate them against the GitHub
 Actions workflow schema (action-validator, installed by scripts/setup.sh from npm) and check they
 consume what `regbench plan --format github-matrix` prints, create the venv with a pinned
-Python >= 3.11 whatever the runner's python3 is, and run a nightly per shipped GPU platform."""
+Python >= 3.11 whatever the runner's python3 is, and run a nightly per shipped GPU platform; and
+that they hold what zizmor audits (pinned actions, least permissions, no inherited secrets, no
+persisted token), a Docker client config per job and one slice per platform and shard at a time."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -75,8 +78,9 @@ def test_every_venv_is_made_with_a_pinned_python_of_at_least_3_11():
         for i in installs:
             (setup,) = [s for s in steps[:i] if str(s.get("uses", "")).startswith("actions/setup-python@")]
             assert setup["with"]["python-version"] == "${{ env.PYTHON_VERSION }}"
-            interpreter = "${{ steps." + setup["id"] + ".outputs.python-path }}"
-            assert steps[i]["run"].startswith(f'"{interpreter}" -m venv .venv')
+            # The path reaches the shell through the environment, never spliced into the script.
+            assert steps[i]["env"]["INTERPRETER"] == "${{ steps." + setup["id"] + ".outputs.python-path }}"
+            assert steps[i]["run"].startswith('"$INTERPRETER" -m venv .venv')
         assert not any("python3 -m venv" in step.get("run", "") for step in steps)
 
 
@@ -99,7 +103,7 @@ def test_a_nightly_per_shipped_gpu_platform_each_on_its_own_runners():
     nightly = yaml.safe_load(NIGHTLY.read_text())
     assert _on(nightly)["schedule"] and "schedule" not in _on(yaml.safe_load(WORKFLOW.read_text()))
     (job,) = nightly["jobs"].values()
-    assert job["uses"] == "./.github/workflows/qualify.yml" and job["secrets"] == "inherit"
+    assert job["uses"] == "./.github/workflows/qualify.yml"
     assert job["with"]["config"] == "${{ matrix.config }}" and job["strategy"]["fail-fast"] is False
     entries = job["strategy"]["matrix"]["include"]
     assert sorted(e["platform"] for e in entries) == gpu
@@ -114,6 +118,8 @@ def test_a_nightly_per_shipped_gpu_platform_each_on_its_own_runners():
     called = _on(yaml.safe_load(WORKFLOW.read_text()))["workflow_call"]
     assert called["inputs"]["config"]["required"] is True
     assert set(called["secrets"]) == {"HF_TOKEN", "REGISTRY_USERNAME", "REGISTRY_PASSWORD", "REGBENCH_HISTORY_URL"}
+    # Each passed by name, none inherited: the called workflow gets only the secrets it declares.
+    assert job["secrets"] == {name: "${{ secrets." + name + " }}" for name in called["secrets"]}
 
 
 def test_the_merged_run_goes_into_the_history_and_its_trend_page_is_published():
@@ -143,3 +149,129 @@ def test_the_merged_run_goes_into_the_history_and_its_trend_page_is_published():
     for argv in (["history", "ingest", "merged/r", "--history", "sqlite:///x"],
                  ["history", "--results", "merged", "--history", "sqlite:///x", "--html", "trend/h.html"]):
         parser().parse_args(argv)
+
+
+# What zizmor (a static analyser of GitHub Actions workflows) audits, checked here as well so that
+# each rule's reason stays beside the workflows: the tool's verdict follows at the end.
+SHA_PIN = re.compile(r"[^@\s]+@[0-9a-f]{40}")
+TAG_COMMENT = re.compile(r"uses: ([^@\s]+)@([0-9a-f]{40}) # (v\d+\.\d+\.\d+)$")
+FLOWS = sorted(WORKFLOWS.glob("*.yml"))
+
+
+def _jobs() -> list[tuple[str, str, dict]]:
+    return [(p.name, name, job) for p in FLOWS for name, job in yaml.safe_load(p.read_text())["jobs"].items()]
+
+
+def _steps_using(prefix: str) -> list[dict]:
+    return [s for _, _, job in _jobs() for s in job.get("steps", []) if str(s.get("uses", "")).startswith(prefix)]
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_release_in_a_comment():
+    """A tag can be moved to other code; a commit cannot. The release it was cut from is kept
+    beside it (read from the action's repository: `git rev-parse vX.Y.Z^{commit}`)."""
+    uses = [s["uses"] for _, _, job in _jobs() for s in job.get("steps", []) if "uses" in s]
+    assert uses and [u for u in uses if not SHA_PIN.fullmatch(u)] == []
+    lines = [line.strip() for p in FLOWS for line in p.read_text().splitlines() if line.strip().startswith("- uses: ")]
+    assert len(lines) == len(uses) and all(TAG_COMMENT.search(line) for line in lines), lines
+    # One action, one commit: a second pin of the same action would be a second version of it.
+    commits = {m.group(1): set() for m in map(TAG_COMMENT.search, lines) if m}
+    for m in map(TAG_COMMENT.search, lines):
+        commits[m.group(1)].add((m.group(2), m.group(3)))
+    assert all(len(pins) == 1 for pins in commits.values()), commits
+
+
+def test_no_checkout_leaves_the_token_in_the_work_tree():
+    checkouts = _steps_using("actions/checkout@")
+    assert len(checkouts) == 3 and all(s["with"]["persist-credentials"] is False for s in checkouts)
+
+
+def test_no_token_permission_beyond_what_each_job_uses():
+    for p in FLOWS:
+        assert yaml.safe_load(p.read_text())["permissions"] == {}, p.name
+    granted = {(f, name): job.get("permissions") for f, name, job in _jobs()}
+    assert granted == {
+        ("nightly.yml", "qualify"): {"contents": "read", "checks": "write"},
+        ("qualify.yml", "plan"): {"contents": "read"},
+        ("qualify.yml", "run"): {"contents": "read"},
+        ("qualify.yml", "merge"): {"contents": "read", "checks": "write"},  # the JUnit check run
+    }
+    # What the caller grants bounds the called workflow's jobs: it grants their union.
+    (caller,) = [perms for (f, _), perms in granted.items() if f == "nightly.yml"]
+    called = [perms for (f, _), perms in granted.items() if f == "qualify.yml"]
+    union: dict[str, str] = {}
+    for perms in called:
+        for scope, level in perms.items():
+            union[scope] = "write" if "write" in (level, union.get(scope)) else level
+    assert caller == union
+
+
+def test_no_secret_is_inherited():
+    assert [name for f, name, job in _jobs() if job.get("secrets") == "inherit"] == []
+    assert "secrets: inherit" not in "".join(p.read_text() for p in FLOWS)
+
+
+def test_a_gpu_slice_has_a_concurrency_group_of_its_platform_and_shard_and_is_never_cancelled():
+    """Across workflow runs (the nightly and a dispatch), one job per platform slice at a time: a
+    second run's slice waits; it never cancels the one holding the GPUs."""
+    run = yaml.safe_load(WORKFLOW.read_text())["jobs"]["run"]
+    assert run["concurrency"] == {"group": "regbench-gpu-${{ matrix.platform }}-shard-${{ matrix.shard }}",
+                                  "cancel-in-progress": False}
+    # The group's keys are those of the plan's matrix entries.
+    config = load_config(ROOT / "configs" / "h200.yaml")
+    entries = json.loads(github_matrix(config, expand(config), 2))["include"]
+    groups = {f"regbench-gpu-{e['platform']}-shard-{e['shard']}" for e in entries}
+    assert len(groups) == len(entries) == 2
+
+
+DOCKER = re.compile(r"(^|[\s;|&(])(docker|\.venv/bin/regbench (run|clean))\s", re.M)
+
+
+def test_every_job_that_talks_to_docker_has_a_client_config_of_its_own():
+    """Jobs of several runners on one host share ~/.docker/config.json: one job's `docker logout`
+    there would drop another's login before its pulls. Each such job points DOCKER_CONFIG at its
+    runner's temp folder, before its first Docker step."""
+    using = []
+    for f, name, job in _jobs():
+        steps = job.get("steps", [])
+        first = next((i for i, s in enumerate(steps) if DOCKER.search(s.get("run", ""))), None)
+        if first is None:
+            continue
+        using.append((f, name))
+        sets = [i for i, s in enumerate(steps)
+                if 'echo "DOCKER_CONFIG=$RUNNER_TEMP/docker-config" >> "$GITHUB_ENV"' in s.get("run", "")]
+        assert sets and sets[0] < first, (f, name)
+        assert 'mkdir -p "$RUNNER_TEMP/docker-config"' in steps[sets[0]]["run"]
+        assert "DOCKER_CONFIG" not in job.get("env", {})  # runner.temp is not there at job level
+    assert using == [("qualify.yml", "run")]
+    assert DOCKER.search("x\ndocker login -u u") and not DOCKER.search(".venv/bin/regbench plan c")
+
+
+ZIZMOR = ROOT / ".venv" / "bin" / "zizmor"
+
+
+needs_zizmor = needs(ZIZMOR, "zizmor in .venv (the test extra)")
+
+
+def _zizmor(path: Path) -> subprocess.CompletedProcess:
+    # Offline: the audits that ask GitHub's API are left out (no token, no network). Strict: a
+    # workflow zizmor cannot read is an error, not a file it skips with a warning.
+    return subprocess.run([str(ZIZMOR), "--offline", "--strict-collection", "--no-progress", "--format", "json", str(path)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@needs_zizmor
+def test_zizmor_finds_nothing_in_the_workflows():
+    out = _zizmor(WORKFLOWS)
+    assert (out.returncode, json.loads(out.stdout)) == (0, []), out.stdout + out.stderr
+
+
+@needs_zizmor
+def test_zizmor_does_report_an_unpinned_action_and_an_unreadable_workflow(tmp_path):
+    pinned = "actions/checkout@11d5960a326750d5838078e36cf38b85af677262 # v4.4.0"
+    assert pinned in WORKFLOW.read_text()
+    (tmp_path / "flow.yml").write_text(WORKFLOW.read_text().replace(pinned, "actions/checkout@v4", 1))
+    out = _zizmor(tmp_path / "flow.yml")
+    assert out.returncode != 0 and "unpinned-uses" in {f["ident"] for f in json.loads(out.stdout)}
+    (tmp_path / "flow.yml").write_text(WORKFLOW.read_text().replace("runs-on:", "runs-onn:", 1))
+    out = _zizmor(tmp_path / "flow.yml")
+    assert out.returncode != 0 and "flow.yml" in out.stderr
