@@ -61,6 +61,17 @@ def broken_links(page: Path) -> list[str]:
     return bad
 
 
+# A section of the README named in prose, not linked: "(README *Exit codes*)".
+README_SECTION = re.compile(r"\bREADME\s+\*([^*]+)\*")
+
+
+def unknown_readme_sections(page: Path) -> list[str]:
+    """The README sections a page names in prose that no heading of the README starts with."""
+    headings = anchors(README.read_text(encoding="utf-8"))
+    named = (" ".join(n.split()) for n in README_SECTION.findall(FENCE.sub("", page.read_text(encoding="utf-8"))))
+    return [n for n in named if not any(h.startswith(slug(n)) for h in headings)]
+
+
 def reachable(start: Path) -> set[Path]:
     seen, todo = set(), [start.resolve()]
     while todo:
@@ -101,6 +112,13 @@ def test_the_link_checks_can_fail(tmp_path: Path):
 def test_every_link_of_the_readme_and_the_docs_resolves():
     bad = {str(page.relative_to(ROOT)): broken for page in [README, *DOCS] if (broken := broken_links(page))}
     assert bad == {}
+
+
+def test_every_readme_section_the_docs_name_in_prose_is_a_heading_of_it(tmp_path: Path):
+    bad = {str(page.relative_to(ROOT)): unknown for page in DOCS if (unknown := unknown_readme_sections(page))}
+    assert bad == {}
+    (tmp_path / "p.md").write_text("see README *Exit codes*, README *A matrix* and (README\n  *Which version\n  broke it*)\n")
+    assert unknown_readme_sections(tmp_path / "p.md") == ["Which version broke it"]
 
 
 def test_every_docs_page_is_reachable_from_the_readme():

@@ -6,6 +6,7 @@ loudly instead of silently running the default. Paths in the file are relative t
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Literal
 
@@ -504,8 +505,18 @@ class ServerSettings(Strict):
         default=[], description="names of the bench's environment variables handed to containers (`HF_TOKEN`); "
                                 "their values are masked in every file the bench writes")
     hub_cache: str | None = Field(
-        default=None, description="host folder of the Hugging Face cache: hub ids resolve into its `hub/`, and "
-                                  "containers mount it")
+        default=None, description="host folder of the Hugging Face cache (`~` expanded; a relative path is relative "
+                                  "to the matrix file): hub ids resolve into its `hub/`, and containers mount it "
+                                  "read-only")
+
+    @field_validator("hub_cache")
+    @classmethod
+    def _hub_cache_expanded(cls, v: str | None) -> str | None:
+        # Expanded once, here, so that the download (bench.weights.hub) and the containers' mount
+        # (bench.serve.launch_docker.mounts) name one folder: Docker takes `~/x` literally and a
+        # bare `x` for a named volume. A relative path is made absolute against the matrix file's
+        # folder with the file's other paths (bench.store.matrixfile.resolve_paths).
+        return None if v is None else os.path.expanduser(v)
     boot_timeout_s: float = Field(default=600.0, gt=0, le=86_400,
                                   description="seconds from start to `/health` before `boot_timeout`")
     shutdown_timeout_s: float = Field(default=30.0, gt=0, le=3_600,

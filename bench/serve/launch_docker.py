@@ -67,7 +67,11 @@ from bench.serve.reap import owner_gone, owner_tag
 
 LABEL = "org.regbench"  # every container: LABEL=1, LABEL.run=<run id>, LABEL.cell=<cell id>
 MODEL_ROOT = "/models"
-HUB_CACHE = "/root/.cache/huggingface"
+# server.hub_cache is mounted read-only at a fixed path that no container user's home decides, and
+# the container's Hugging Face variables point there (hub_env); what the libraries write goes to a
+# folder of the container's own, so that concurrent containers never write into the host's cache.
+HUB_CACHE = "/regbench/hub-cache"
+HF_HOME_IN_CONTAINER = "/tmp/regbench-hf-home"  # /tmp: writable whatever user the image runs as
 ENTRYPOINT = ["python3", "-m", "vllm.entrypoints.cli.main"]
 
 
@@ -135,14 +139,35 @@ def container_model_path(cell: Cell) -> str:
 
 
 def mounts(cell: Cell, hub_cache: str | None) -> dict[str, dict[str, str]]:
+    """A container's mounts, all read-only: the model folder, the overlay, the hub cache."""
     volumes = {}
     if os.path.isdir(cell.model.path):
         volumes.update(checkpoint_mounts(cell.model.path, f"{MODEL_ROOT}/{cell.model.name}")[1])
     for i, path in enumerate(cell.image.pythonpath):
         volumes[path] = {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"}
     if hub_cache:
-        volumes[hub_cache] = {"bind": HUB_CACHE, "mode": "rw"}
+        # Docker reads a source that is not an absolute path as a named volume (a bare `x`) or
+        # refuses it (`~/x`): the matrix loader makes it absolute; anything else is refused here.
+        if not os.path.isabs(hub_cache):
+            raise ConfigError(f"server.hub_cache: {hub_cache!r} is not an absolute path (a matrix read from a file "
+                              "has it made absolute against the file's folder)")
+        # Read-only: the models were resolved into it on the host before the cells (bench.weights.hub).
+        volumes[hub_cache] = {"bind": HUB_CACHE, "mode": "ro"}
     return volumes
+
+
+def hub_env() -> dict[str, str]:
+    """The Hugging Face variables of a container that mounts the hub cache (pure). huggingface_hub
+    reads its cache from HF_HUB_CACHE, else HF_HOME/hub, and keeps tokens, xet chunks and assets
+    under HF_HOME (huggingface_hub/constants.py); transformers copies --trust-remote-code modules
+    into HF_MODULES_CACHE, else HF_HOME/modules (transformers/utils/hub.py), and its legacy
+    TRANSFORMERS_CACHE defaults to HF_HUB_CACHE. So the cache is the mount, and HF_HOME, with the
+    modules in it, a folder of the container's own."""
+    return {
+        "HF_HUB_CACHE": f"{HUB_CACHE}/hub",
+        "HF_HOME": HF_HOME_IN_CONTAINER,
+        "HF_MODULES_CACHE": f"{HF_HOME_IN_CONTAINER}/modules",
+    }
 
 
 def container_env(
@@ -161,6 +186,8 @@ def container_env(
     for name in config.server.env_passthrough:
         if name in host_env:
             env[name] = host_env[name]
+    if config.server.hub_cache:
+        env.update(hub_env())  # last: a host's HF_HOME means nothing in the container
     return env
 
 
