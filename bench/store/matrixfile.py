@@ -68,9 +68,10 @@ def _command(value: str, base: Path) -> str:
 
 
 def resolve_paths(config: Config, base: Path, source: str = "<config>") -> Config:
-    """Makes local paths absolute. A model path that does not exist locally is kept as a hub id
-    (org/name), unless it looks local (./, ../, /, ~): then it is a config error naming the key,
-    not a hub id that vLLM would try to fetch."""
+    """Makes local paths absolute (models, signatures, interpreters, overlays, the hub cache). A
+    model path that does not exist locally is kept as a hub id (org/name), unless it looks local
+    (./, ../, /, ~): then it is a config error naming the key, not a hub id that vLLM would try
+    to fetch."""
 
     def model_path(i: int, p: str) -> str:
         local = Path(os.path.normpath(base / os.path.expanduser(p)))
@@ -81,10 +82,13 @@ def resolve_paths(config: Config, base: Path, source: str = "<config>") -> Confi
                               "(a hub id has the form org/name)")
         return p
 
+    hub_cache = config.server.hub_cache and os.path.normpath(base / config.server.hub_cache)
     return config.model_copy(
         update={
             "models": [m.model_copy(update={"path": model_path(i, m.path)}) for i, m in enumerate(config.models)],
             "signatures": [os.path.normpath(base / d) for d in config.signatures],
+            # `~` is expanded by the schema; the folder the hub download and the containers' mount share.
+            "server": config.server.model_copy(update={"hub_cache": hub_cache}),
             "images": [
                 i.model_copy(
                     update={

@@ -10,8 +10,8 @@ with the blobs its links point to (bench.serve.launch_docker.checkpoint_mounts).
 servers do not race one download, and the run records which commit it ran (a `fetch` pre-flight
 record: commit, snapshot folder, files, bytes, seconds).
 
-The cache is `server.hub_cache` when set (the folder the docker launcher mounts as the
-containers' Hugging Face home: snapshots go to its `hub/`, where a container's vLLM looks), else
+The cache is `server.hub_cache` when set (`~` expanded and made absolute by the config loader; the
+folder the docker launcher mounts read-only in its containers: snapshots go to its `hub/`), else
 huggingface_hub's own (HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub). HF_HUB_OFFLINE in
 the bench's environment means the cache alone (local_files_only); HF_TOKEN is read by
 huggingface_hub from the environment, by name: the bench never holds or writes its value.
@@ -72,7 +72,12 @@ def cache_folder(hub_cache: str | None, env: Mapping[str, str]) -> str:
     """The hub cache (huggingface_hub's `cache_dir`) the bench fetches into; read at call time,
     so that the environment the bench runs with decides, not the one it was imported in."""
     if hub_cache:
-        return os.path.join(os.path.abspath(os.path.expanduser(hub_cache)), "hub")
+        # The matrix's folder as the schema and the loader made it (`~` expanded, absolute): the one
+        # the docker launcher mounts, never a folder that depends on where the bench was started.
+        if not os.path.isabs(hub_cache):
+            raise ConfigError(f"server.hub_cache: {hub_cache!r} is not an absolute path (a matrix read from a file "
+                              "has it made absolute against the file's folder)")
+        return os.path.join(hub_cache, "hub")
     if env.get("HF_HUB_CACHE"):
         return os.path.expanduser(env["HF_HUB_CACHE"])
     home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
