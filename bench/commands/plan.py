@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from bench.core.config import ConfigError, with_image_refs
-from bench.core.matrix import expand
+from bench.console import err
+from bench.core.config import Config, ConfigError, with_image_refs
+from bench.core.matrix import Cell, expand, expected_times
 from bench.core.slicing import github_matrix
 from bench.core.stats import detection_probability, percent_range, repeats_needed, wilson_interval
 from bench.runner import check_devices
+from bench.serve.launch_docker import client
+from bench.serve.pins import registry_pins
 from bench.store.matrixfile import load_config
 
 
@@ -19,8 +22,10 @@ def add_cli_args(sub) -> None:
                       help="also print the repeats needed to see a failure of rate P (0 < P <= 1) at least once")
     plan.add_argument("--confidence", type=float, metavar="C",
                       help="with --detect: the probability of seeing it (default 0.95); n = ceil(log(1-C)/log(1-P))")
-    plan.add_argument("--format", choices=["text", "github-matrix"], default="text",
-                      help="github-matrix: the JSON of a GitHub Actions strategy.matrix, one entry per platform and shard")
+    plan.add_argument("--format", choices=["text", "github-matrix", "pins"], default="text",
+                      help="github-matrix: the JSON of a GitHub Actions strategy.matrix, one entry per platform and shard; "
+                           "pins: each image's tag resolved now by its registry (nothing pulled), as the NAME=REPO@sha256:… "
+                           "pairs, on one line, that every slice of a run takes as --image to run one build")
     plan.add_argument("--shards", type=int, default=1, metavar="N", help="with github-matrix: shards per platform")
     plan.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
     plan.set_defaults(func=main)
@@ -30,8 +35,15 @@ def main(args: argparse.Namespace) -> int:
     config = with_image_refs(load_config(args.config), args.image or [])
     cells = expand(config)
     check_devices(config, cells)  # what `run` would refuse, plan refuses too
+    budget = budget_lines(config, cells)  # a plan over its budget is refused in every format
     if args.format == "github-matrix":
         print(github_matrix(config, cells, args.shards))
+        return 0
+    if args.format == "pins":
+        pins, notes = registry_pins(client(), config.images)
+        for note in notes:
+            err.print(note, highlight=False)
+        print(" ".join(f"{name}={ref}" for name, ref in pins.items()))
         return 0
     n = config.repeat_count
     auto = f" (auto: to see a {config.detect.rate:.0%} failure with {config.detect.confidence:.0%} probability)" \
@@ -45,6 +57,8 @@ def main(args: argparse.Namespace) -> int:
         if profile.devices:
             t_lines.append(f"platform {profile.name}: cells side by side on {profile.device_kind} devices "
                            f"{','.join(profile.devices)} (one server per device set; --devices to change)")
+    if budget:
+        t_lines += ["", *budget]
     if args.detect is not None:
         t_lines += ["", *_detection_lines(args.detect, args.confidence, n, len(cells))]
     elif args.confidence is not None:
@@ -66,3 +80,30 @@ def _detection_lines(p: float, confidence: float | None, repeats: int, cells: in
         f"the matrix has repeats: {repeats}, which sees it with {seen_now:.0%} probability; "
         f"0 failures in {n} runs would put the failure rate at {percent_range(*wilson_interval(0, n))} (Wilson 95 %)",
     ]
+
+
+def budget_lines(config: Config, cells: list[Cell]) -> list[str]:
+    """The matrix's `budget` stated: each platform's fresh servers and expected wall time, and
+    what its repeats can see. Raises ConfigError where a platform's plan does not fit."""
+    budget = config.budget
+    if budget is None:
+        return []
+    lines, over = [], []
+    for t in expected_times(config, cells):
+        spread = f" / {t.devices} devices" if t.devices > 1 else ""
+        fits = t.minutes <= budget.minutes
+        lines.append(f"{t.platform}: {t.starts} fresh servers × ({budget.boot_minutes:g} min boot + "
+                     f"{budget.serve_minutes:g} min serving){spread} + {budget.setup_minutes:g} min setup = "
+                     f"{t.minutes:.0f} min ({t.hours:.1f} h), {'within' if fits else 'over'} the budget of "
+                     f"{budget.minutes:g} min")
+        if not fits:
+            over.append(f"{t.platform} ({t.minutes:.0f} min)")
+    if over:
+        raise ConfigError(f"{config.name}: over its budget of {budget.minutes:g} min: {', '.join(over)}; "
+                          "run fewer cells (`include`, `exclude`) or repeats (`repeats`, `detect`), or more devices")
+    n = config.repeat_count
+    seen = (f", which see a failure of {config.detect.rate:.0%} of starts at least once with "
+            f"{detection_probability(config.detect.rate, n):.0%} probability") if config.detect else ""
+    lines.append(f"power: {n} fresh servers per cell{seen}; 0 failures in {n} put a cell's failure rate at "
+                 f"{percent_range(*wilson_interval(0, n))} (Wilson 95 %)")
+    return lines
