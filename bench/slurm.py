@@ -340,7 +340,9 @@ def pin_for_jobs(config: Config, cells: Sequence[Cell], run_id: str, status: Sta
     try:
         launcher = open_launcher(config, run_id)
     except LauncherUnavailable as exc:
-        status(f"images not pinned at submission ({exc}): each job resolves its own")
+        status(f"images not pinned at submission ({exc}): each job resolves its own, and jobs that ran two "
+               "builds of a tag are not merged; to run one, give --image NAME=REPO@sha256:… (`regbench plan "
+               "CONFIG --format pins` prints them on a host with an engine)")
         return config
     pinned = launcher.resolve_images(images)
     if not pinned:

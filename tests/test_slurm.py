@@ -177,3 +177,23 @@ def test_jobs_run_the_matrix_the_submitting_command_resolved_image_overrides_inc
     assert refs == {"streamer-0.16.0": "registry.example/vllm:0.16.0", "streamer-0.17.0": None}
     # The cell the job runs is the one submitted, in the file it is given.
     assert cell.id in [c.id for c in expand(load_config(ran))]
+
+
+def test_a_submitting_host_without_an_engine_says_how_to_pin_every_job_to_one_build(monkeypatch):
+    """Each job then resolves its images itself: a tag that moves between two jobs' starts gives
+    two builds, which the merge at the end refuses; the submitter is told before any job."""
+    import bench.slurm
+    from bench.serve.launch_docker import DockerUnavailable
+
+    from .support import ROOT
+
+    def no_engine(config, run_id):
+        raise DockerUnavailable("no Docker engine answers")
+
+    monkeypatch.setattr(bench.slurm, "open_launcher", no_engine)
+    config = load_config(ROOT / "configs" / "cpu-smoke-docker.yaml")
+    said: list[str] = []
+    assert bench.slurm.pin_for_jobs(config, expand(config), "r1", said.append) is config
+    [line] = said
+    assert "images not pinned at submission (no Docker engine answers)" in line
+    assert "--image NAME=REPO@sha256:" in line and "regbench plan CONFIG --format pins" in line
