@@ -173,3 +173,61 @@ def test_docker_cli_sees_the_ids_given(engine):
     out = subprocess.run(["docker", "-H", engine.url, "run", "--rm", "--gpus", "device=1", IMAGE],
                          capture_output=True, text=True, check=True).stdout
     assert "NVIDIA_VISIBLE_DEVICES=1" in out.splitlines()
+
+
+# What libnvidia-container prints when an image's requirement fails on the host's driver, as users
+# reported it from a current toolkit (NVIDIA/nvidia-container-toolkit#152, SyneRBI/PETRIC2#27).
+TOOLKIT_REFUSAL = ("Auto-detected mode as 'legacy'\n"
+                   "nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.9, please update "
+                   "your driver to a newer version, or use an earlier cuda container\n")
+VLLM_ENV = ROOT / "tests" / "data" / "nvidia-require-cuda" / "vllm-openai-v0.16.0-cu129.env"
+
+
+def test_the_toolkit_decides_what_only_it_can_and_its_refusal_is_not_runnable(engine, tmp_path, monkeypatch):
+    """The official vLLM image's NVIDIA_REQUIRE_CUDA on an R570 LTS driver (CUDA 12.8): regbench
+    cannot know the brand, so it starts the container; the toolkit's refusal (the stand-in hook
+    saying the toolkit's words) is not_runnable in those words, and no container is left. On a
+    driver no listed branch covers (545, CUDA 12.3) nothing is started at all."""
+    env = [line for line in VLLM_ENV.read_text().splitlines() if line and not line.startswith("#")]
+    ref = "regbench/gpu-standin:vllm-env"
+    client = engine.client
+    base = client.containers.create(IMAGE)
+    try:  # quoted, as NVIDIA's Dockerfiles write it: unquoted, ENV would split it at its spaces
+        base.commit(repository="regbench/gpu-standin", tag="vllm-env",
+                    changes=[f"ENV {k}={json.dumps(v)}" for k, v in (e.split("=", 1) for e in env)])
+    finally:
+        base.remove(force=True)
+    made = dict(e.split("=", 1) for e in client.images.get(ref).attrs["Config"]["Env"])
+    assert made["NVIDIA_REQUIRE_CUDA"] == dict(e.split("=", 1) for e in env)["NVIDIA_REQUIRE_CUDA"]
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}{os.pathsep}{os.environ['PATH']}")
+    config = load_config(matrix(tmp_path, "h200", ref))
+    cell = expand(config)[0]
+    before = {c.id for c in client.containers.list(all=True)}
+
+    monkeypatch.setenv("NVIDIA_SMI_STANDIN_DRIVER", "545.23.08")
+    monkeypatch.setenv("NVIDIA_SMI_STANDIN_CUDA", "12.3")
+    old = DockerLauncher(config, "cudaold", docker_client=client)
+    server = old.server(cell, 1, tmp_path)
+    with pytest.raises(BootError, match="not runnable on this host"), server:
+        pass
+    [finding] = judge_server(server.outcome, "", "")
+    assert finding.reason == Reason.NOT_RUNNABLE and "driver 545.23.08" in finding.detail
+    assert {c.id for c in client.containers.list(all=True)} == before  # none created
+
+    monkeypatch.setenv("NVIDIA_SMI_STANDIN_DRIVER", "570.86.10")
+    monkeypatch.setenv("NVIDIA_SMI_STANDIN_CUDA", "12.8")
+    lts = DockerLauncher(config, "cudalts", docker_client=client)
+    assert lts.not_runnable(ref, ref) is None  # left to the toolkit
+    (engine.dir / "refuse").write_text(TOOLKIT_REFUSAL)
+    try:
+        opts = run_options(cell.profile)
+        opts.pop("ulimits", None)  # not raisable in this sandbox (env_of says why)
+        with pytest.raises(Exception) as refused:
+            Container(client, ref, ["serve"], dict(opts, labels={"org.regbench": "1"}), tmp_path / "lts.log")
+    finally:
+        (engine.dir / "refuse").unlink()
+    why = str(refused.value)
+    assert why.startswith("not runnable on this host: the NVIDIA container toolkit refused image"), why
+    assert why.endswith("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.9, please update "
+                        "your driver to a newer version, or use an earlier cuda container"), why
+    assert {c.id for c in client.containers.list(all=True)} == before  # the refused one removed

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from bench.core.config import Image
 from bench.core.records import Fingerprint
+from bench.serve.cuda_require import Driver
 
 # Reads versions without importing vLLM, and without importing torch where torch has no CUDA (seconds
 # each, per image, on the critical path): package metadata, and torch/version.py read as text for
@@ -118,12 +119,14 @@ def host_gpu() -> str | None:
     return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
 
 
-_DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.(\d+)")
+_DRIVER_CUDA = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
+_DRIVER_VERSION = re.compile(r"Driver Version:\s*([0-9][0-9.]*)")
 
 
-def host_cuda() -> tuple[int, int] | None:
-    """The newest CUDA this host's driver runs (nvidia-smi's header "CUDA Version: X.Y"); None on
-    a host without nvidia-smi, or when it does not say."""
+def host_driver() -> Driver | None:
+    """This host's NVIDIA driver as nvidia-smi's summary header says it ("Driver Version: V",
+    "CUDA Version: X.Y", either absent from an old driver's); None on a host without nvidia-smi
+    or when it cannot be run."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
@@ -131,8 +134,8 @@ def host_cuda() -> tuple[int, int] | None:
         out = subprocess.run([smi], capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    m = _DRIVER_CUDA.search(out)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    version, cuda = _DRIVER_VERSION.search(out), _DRIVER_CUDA.search(out)
+    return Driver(version.group(1) if version else None, cuda.group(1) if cuda else None)
 
 
 def parse_probe(output: str, host: dict) -> Fingerprint:

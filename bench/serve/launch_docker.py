@@ -55,8 +55,10 @@ from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
 from bench.core.verdicts import NOT_RUNNABLE
+from bench.serve.cuda_require import Driver
+from bench.serve.cuda_require import unmet as cuda_unmet
 from bench.serve.errors import LauncherUnavailable, StartError
-from bench.serve.fingerprint import PROBE, host_cpu, host_cpu_flags, host_cuda, host_gpu, parse_probe
+from bench.serve.fingerprint import PROBE, host_cpu, host_cpu_flags, host_driver, host_gpu, parse_probe
 from bench.serve.launch import OVERLAY_ROOT, device_env, knob_not_runnable, serve_args, server_env
 from bench.serve.launchers import register
 from bench.serve.lifecycle import Server
@@ -223,37 +225,17 @@ OCI_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "a
             "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
 
 
-_REQUIRE_CUDA = re.compile(r"(?:^|\s)cuda>=(\d+)\.(\d+)")
-_CUDA_VERSION = re.compile(r"^(\d+)\.(\d+)")
-
-
-def required_cuda(attrs: Mapping) -> tuple[tuple[int, int], str] | None:
-    """The CUDA an image needs of the host's driver, and where that was read (pure): NVIDIA's CUDA
-    base images say it in NVIDIA_REQUIRE_CUDA ("cuda>=12.8 brand=…"), which the NVIDIA container
-    toolkit enforces itself, else CUDA_VERSION; None when the image says nothing or waives it
-    (NVIDIA_DISABLE_REQUIRE)."""
-    env = dict(v.partition("=")[::2] for v in (attrs.get("Config") or {}).get("Env") or [])
-    if env.get("NVIDIA_DISABLE_REQUIRE", "").strip().lower() in ("1", "true", "yes"):
-        return None
-    m = _REQUIRE_CUDA.search(env.get("NVIDIA_REQUIRE_CUDA", ""))
-    if m:
-        return (int(m.group(1)), int(m.group(2))), "NVIDIA_REQUIRE_CUDA"
-    m = _CUDA_VERSION.match(env.get("CUDA_VERSION", ""))
-    return ((int(m.group(1)), int(m.group(2))), "CUDA_VERSION") if m else None
-
-
-def not_runnable(ref: str, attrs: Mapping, machine: str | None = None,
-                 driver_cuda: tuple[int, int] | None = None) -> str | None:
-    """Why an image cannot run on this host (pure given `machine` and `driver_cuda`), or None: its
+def not_runnable(ref: str, attrs: Mapping, machine: str | None = None, driver: Driver | None = None) -> str | None:
+    """Why an image cannot run on this host (pure given `machine` and `driver`), or None: its
     architecture (`docker image inspect`'s Architecture) against the host's, and where the host has
-    NVIDIA's driver (`driver_cuda`: the newest CUDA it runs, from nvidia-smi) the CUDA the image
-    needs. The reason starts with bench.core.verdicts.NOT_RUNNABLE, which the judge reports as
-    `not_runnable`."""
-    needs = required_cuda(attrs)
-    if driver_cuda is not None and needs is not None and needs[0] > driver_cuda:
-        (major, minor), source = needs
-        return (f"{NOT_RUNNABLE}: image {ref} needs CUDA {major}.{minor} ({source}), this host's driver runs "
-                f"CUDA {driver_cuda[0]}.{driver_cuda[1]} at most (nvidia-smi); no container was started")
+    NVIDIA's driver (`driver`, from nvidia-smi) the image's NVIDIA_REQUIRE_* read as the NVIDIA
+    container toolkit reads them (bench.serve.cuda_require): only what fails whatever the toolkit
+    alone knows (brand, compatibility libraries) is said here; the rest the toolkit decides at
+    start (toolkit_refusal). The reason starts with bench.core.verdicts.NOT_RUNNABLE, which the
+    judge reports as `not_runnable`."""
+    unmet = cuda_unmet(attrs, driver) if driver is not None else None
+    if unmet is not None:
+        return f"{NOT_RUNNABLE}: image {ref} {unmet}; no container was started"
     machine = machine or _platform.machine()
     arch, os_ = attrs.get("Architecture"), attrs.get("Os")
     host = OCI_ARCH.get(machine, machine)
@@ -263,6 +245,28 @@ def not_runnable(ref: str, attrs: Mapping, machine: str | None = None,
     if os_ and os_ != "linux":
         return f"{NOT_RUNNABLE}: image {ref} is for {os_}, this host runs linux containers"
     return None
+
+
+# What the engine answers when the NVIDIA container toolkit's prestart hook refuses a container:
+# libnvidia-container's own words on its stderr, e.g. "nvidia-container-cli: requirement error:
+# unsatisfied condition: cuda>=12.8, please update your driver to a newer version, or use an
+# earlier cuda container" (NVIDIA/nvidia-container-toolkit issue #152; SyneRBI/PETRIC2 issue #27).
+# And an engine with no NVIDIA runtime at all: moby's "could not select device driver "" with
+# capabilities: [[gpu]]".
+_TOOLKIT_REFUSAL = re.compile(r'(nvidia-container-cli: [^\n\\"]*)|(could not select device driver[^\n\\]*)')
+
+
+def toolkit_refusal(ref: str, message: str) -> str | None:
+    """A container start refused by the host's NVIDIA container toolkit (or an engine without
+    it), as a not-runnable reason in the toolkit's own words (pure); None for any other failure."""
+    m = _TOOLKIT_REFUSAL.search(message)
+    if m is None:
+        return None
+    if m.group(1):
+        words = re.sub(r"(:\s*unknown)?\.?\s*$", "", m.group(1))  # the engine's own suffix
+        return f"{NOT_RUNNABLE}: the NVIDIA container toolkit refused image {ref}: {words}"
+    return (f"{NOT_RUNNABLE}: this Docker engine cannot give containers GPUs ({m.group(2).strip()}): "
+            "install NVIDIA's container toolkit and configure the engine's runtime (docs/qualify-gpu-host.md)")
 
 
 def container_name(run_id: str, cell_id: str, repeat: int) -> str:
@@ -383,7 +387,8 @@ class Container:
         except docker.errors.APIError as exc:
             if created is not None:
                 _remove(created)
-            raise StartError(f"cannot start a container of {ref}: {exc.explanation or exc}") from None
+            said = str(exc.explanation or exc)
+            raise StartError(toolkit_refusal(ref, said) or f"cannot start a container of {ref}: {said}") from None
         self.container: DockerContainer = created
         self._log_thread = threading.Thread(target=self._stream_logs, daemon=True)
         self._log_thread.start()
@@ -551,9 +556,9 @@ class DockerLauncher:
             return self.pins[key]
 
     @functools.cached_property
-    def driver_cuda(self) -> tuple[int, int] | None:
-        """The newest CUDA this host's NVIDIA driver runs (None: no driver here), read once."""
-        return host_cuda()
+    def driver(self) -> Driver | None:
+        """This host's NVIDIA driver (None: no driver here), read once."""
+        return host_driver()
 
     def not_runnable(self, pin: str, ref: str) -> str | None:
         """An image checked once against this host (not_runnable), before any container of it."""
@@ -563,7 +568,7 @@ class DockerLauncher:
                     attrs = self.docker.images.get(pin).attrs
                 except docker.errors.DockerException:
                     attrs = {}  # not inspectable: the start says why
-                self._runnable[pin] = not_runnable(ref, attrs, driver_cuda=self.driver_cuda)
+                self._runnable[pin] = not_runnable(ref, attrs, driver=self.driver)
             return self._runnable[pin]
 
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
