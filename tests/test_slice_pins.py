@@ -106,3 +106,18 @@ def test_a_tag_the_registry_does_not_know_is_said_and_no_pin_printed(engine, reg
     assert planned.returncode == 2, planned.stdout + planned.stderr
     assert planned.stdout == ""
     assert f"image {ref}: the registry did not resolve it" in planned.stderr, planned.stderr
+
+
+def test_images_run_from_each_hosts_own_copy_are_printed_as_they_are_with_no_engine_asked(tmp_path):
+    """configs/cpu-smoke-docker.yaml: images built on each host (`pull: never`), which no registry
+    names; an engine that does not answer is not asked."""
+    import os
+
+    config = ROOT / "configs" / "cpu-smoke-docker.yaml"
+    planned = subprocess.run([sys.executable, "-m", "bench", "plan", str(config), "--format", "pins"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, DOCKER_HOST=f"unix://{tmp_path}/no-engine.sock"))
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    images = yaml.safe_load(config.read_text())["images"]
+    assert planned.stdout.split() == [f"{i['name']}={i['ref']}" for i in images]
+    assert planned.stderr.count("not pinned (pull: never") == len(images), planned.stderr

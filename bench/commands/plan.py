@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
         print(github_matrix(config, cells, args.shards))
         return 0
     if args.format == "pins":
-        pins, notes = registry_pins(client(), config.images)
+        pins, notes = registry_pins(config.images, client)
         for note in notes:
             err.print(note, highlight=False)
         print(" ".join(f"{name}={ref}" for name, ref in pins.items()))

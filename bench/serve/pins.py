@@ -10,7 +10,7 @@ registry credentials): nothing is pulled, so the host that plans needs no room f
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import docker
 import docker.errors
@@ -21,11 +21,13 @@ from bench.core.config import Image
 from bench.serve.launch_docker import ImageUnavailable
 
 
-def registry_pins(c: docker.DockerClient, images: Iterable[Image]) -> tuple[dict[str, str], list[str]]:
+def registry_pins(images: Iterable[Image], engine: Callable[[], docker.DockerClient]) -> tuple[dict[str, str], list[str]]:
     """(image name -> the reference every slice is to run, notes): the registry's digest of each
     tag; a reference that is a digest already as it is; an image under `pull: never` as it is,
-    with a note (each host runs its own copy, which no registry can name). Raises one
-    ImageUnavailable naming every tag the registry did not resolve."""
+    with a note (each host runs its own copy, which no registry can name). `engine` is called
+    only when a tag is to be asked for. Raises one ImageUnavailable naming every tag the registry
+    did not resolve."""
+    c: docker.DockerClient | None = None
     pins: dict[str, str] = {}
     notes, failures = [], []
     for image in images:
@@ -40,6 +42,7 @@ def registry_pins(c: docker.DockerClient, images: Iterable[Image]) -> tuple[dict
             notes.append(f"image {image.name}: {ref} not pinned (pull: never runs each host's own copy; "
                          "`regbench merge` refuses slices whose copies differ)")
             continue
+        c = c or engine()
         try:
             digest = c.images.get_registry_data(ref).id
         except docker.errors.APIError as exc:
