@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +140,104 @@ def test_a_model_given_several_tensor_parallel_sizes_is_one_model_per_size(minim
         minimal["models"][0]["tensor_parallel_size"] = sizes
         with pytest.raises(ConfigError, match=says):
             parse_config(minimal)
+
+
+# The shipped GPU matrices: what they must carry and that their nights fit.
+GPU_CONFIGS = ("configs/h200.yaml", "configs/dgx-spark.yaml", "configs/agx-thor.yaml")
+
+
+def _plan_lines(path: str, capsys) -> list[str]:
+    from bench.cli import main
+
+    assert main(["plan", path]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS)
+def test_shipped_gpu_configs_carry_the_numerics_independent_contract_probes(path, capsys):
+    from bench.store.matrixfile import load_config
+
+    _plan_lines(path, capsys)  # `regbench plan` validates it
+    prompts = load_config(path).workload.prompts
+    stops = [p for p in prompts if p.stop]
+    schemas = {p.schema_field for p in prompts if p.json_schema is not None}
+    choices = [p for p in prompts if p.n > 1]
+    # never_stops needs a prompt that may end: no ignore_eos, no min_tokens, nothing else asked.
+    ends = [p for p in prompts if p.ignore_eos is False and p.min_tokens == 0 and p.json_schema is None]
+    assert stops and all(p.min_tokens in (None, 0) for p in stops)
+    assert schemas == {"response_format", "structured_outputs"}
+    assert choices and all(p.sampling is not None for p in choices)  # vLLM refuses n > 1 greedy
+    assert ends and all(p.max_tokens and p.max_tokens >= 128 for p in ends)
+    # Left out for their reasons (the configs' comments): numerics-dependent twins, token ids
+    # the config cannot state, a tool parser not every image has.
+    assert not [p.id for p in prompts if p.top_logprobs or p.logit_bias or p.prompt_ids or p.tools]
+    assert not [p.id for p in prompts if p.sampling is not None and p.n == 1]
+
+
+def _qualify_timeout_minutes() -> int:
+    import yaml
+
+    workflow = yaml.safe_load(Path(".github/workflows/qualify.yml").read_text())
+    return int(workflow["jobs"]["run"]["timeout-minutes"])
+
+
+@pytest.mark.parametrize(("path", "starts"), [("configs/dgx-spark.yaml", 84), ("configs/agx-thor.yaml", 72)])
+def test_a_unified_memory_night_fits_the_nightly_job_and_says_so(path, starts, capsys):
+    from bench.core.matrix import expected_times
+    from bench.store.matrixfile import load_config
+
+    config = load_config(path)
+    (night,) = expected_times(config, expand(config))
+    assert night.starts == starts
+    assert config.budget is not None
+    assert night.minutes <= config.budget.minutes < _qualify_timeout_minutes()
+    text = Path(path).read_text()
+    # And what the full #38991 matrix (three load formats, 8 repeats) would take at the same costs.
+    full = parse_config({**config.model_dump(mode="json"), "repeats": 8, "detect": None, "load_formats": [
+        *[f.model_dump(mode="json") for f in config.load_formats],
+        {"name": "runai_streamer-c16", "format": "runai_streamer", "model_loader_extra_config": {"concurrency": 16}}]})
+    (whole,) = expected_times(full, expand(full))
+    assert whole.starts == 144 and whole.minutes > _qualify_timeout_minutes()
+    assert f"would take {whole.minutes:.0f} min ({whole.hours:.1f} h)" in " ".join(text.replace("#", "").split())
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS)
+def test_gpu_configs_quote_what_plan_says_of_their_night(path, capsys):
+    from bench.store.matrixfile import load_config
+
+    platform = load_config(path).platforms[0]
+    stated = [line for line in _plan_lines(path, capsys) if line.startswith((f"{platform}: ", "power: "))]
+    assert len(stated) == 2
+    text = Path(path).read_text()
+    for line in stated:
+        assert f"#   {line}\n" in text
+
+
+def test_expected_time_spreads_fresh_servers_over_the_devices(minimal):
+    from bench.core.matrix import expected_times
+
+    minimal.update(repeats=3, budget={"minutes": 100, "boot_minutes": 10, "serve_minutes": 2, "setup_minutes": 5})
+    (one,) = expected_times(c := parse_config(minimal), expand(c))
+    assert (one.starts, one.devices, one.minutes) == (6, 1, 5 + 6 * 12)
+    minimal["profiles"] = [{"name": "cpu", "devices": ["0", "1"], "device_kind": "cpu"}]
+    (two,) = expected_times(c := parse_config(minimal), expand(c))
+    assert (two.starts, two.devices, two.minutes) == (6, 2, 5 + 6 * 12 / 2)
+
+
+def test_plan_refuses_a_plan_over_its_budget(tmp_path, minimal, capsys):
+    import yaml
+
+    from bench.cli import main
+
+    minimal["models"][0]["path"] = str(tmp_path)
+    minimal.update(repeats=3, budget={"minutes": 60, "boot_minutes": 10, "serve_minutes": 2, "setup_minutes": 5})
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(minimal))
+    for fmt in ("text", "github-matrix"):
+        assert main(["plan", str(f), "--format", fmt]) == 2
+        assert "over its budget of 60 min: cpu (77 min)" in capsys.readouterr().err
+    minimal["budget"]["minutes"] = 80
+    f.write_text(yaml.safe_dump(minimal))
+    assert main(["plan", str(f)]) == 0
+    assert ("cpu: 6 fresh servers × (10 min boot + 2 min serving) + 5 min setup = 77 min (1.3 h), "
+            "within the budget of 80 min") in capsys.readouterr().out

@@ -661,6 +661,23 @@ class Detect(Strict):
     rate: float = Field(gt=0, le=1, description="the failure rate to see, per fresh server")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="the probability of seeing it at least once")
 
+class Budget(Strict):
+    """The wall time one platform's share of the matrix may take on one host (a CI job's time
+    limit), and what a fresh server is assumed to cost there: `regbench plan` states the expected
+    time (setup, then every fresh server's boot and serving, spread over the platform's devices)
+    and refuses a plan that does not fit."""
+
+    minutes: float = Field(gt=0, le=100_000, description="the wall time the plan must fit, per platform, in minutes "
+                                                         "(e.g. the CI job's `timeout-minutes` less a margin)")
+    boot_minutes: float = Field(gt=0, le=1440, description="assumed minutes from a fresh server's start to /health; "
+                                                           "say where the figure comes from")
+    serve_minutes: float = Field(default=0.0, ge=0, le=1440,
+                                 description="assumed minutes per fresh server besides its boot: the workload, the "
+                                             "stop, and on unified memory the wait for memory to come back")
+    setup_minutes: float = Field(default=0.0, ge=0, le=1440,
+                                 description="assumed minutes once per run: image pulls, hub fetch, pre-flight")
+
+
 
 class Knob(Strict):
     """A setting that must not change what a greedy server answers: the cells it is applied to run
@@ -808,6 +825,8 @@ class Config(Strict):
     detect: Detect | None = Field(default=None, description="the failure `repeats: auto` must be able to see")
     early_stop: bool = Field(
         default=False, description="stop repeating a cell once its verdict can no longer change")
+    budget: Budget | None = Field(default=None, description="the wall time the plan must fit and what a fresh "
+                                                          "server is assumed to cost (`regbench plan` checks it)")
     baseline: BaselineRule | None = Field(
         default=None, description="which cell each cell is compared with token by token: a load format's name, or "
                                   "a rule over the axes")  # in YAML also a load format's name alone

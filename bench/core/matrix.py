@@ -189,3 +189,42 @@ def _knob_workload(workload: Workload, knob: Knob) -> Workload:
         update["prompts"] = [p.model_copy(update={"stream": {"all": True, "none": False}.get(knob.stream, not p.stream)})
                              for p in workload.prompts]
     return workload.model_copy(update=update)
+
+
+class PlatformTime(BaseModel):
+    """What one platform's share of a matrix is expected to take on one host, from the budget's
+    assumed costs (bench.core.config.Budget)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    platform: str
+    starts: int  # fresh servers
+    devices: int  # side by side: the profile's devices, or 1
+    minutes: float
+
+    @property
+    def hours(self) -> float:
+        return self.minutes / 60
+
+
+def expected_times(config: Config, cells: list[Cell]) -> list[PlatformTime]:
+    """Per platform, in matrix order: its fresh servers (repeats of every cell, knobs' included)
+    and the expected wall time: the setup once, then each server's boot and serving, spread over
+    the platform's devices as the runner's workers take them (one per device, a server holding
+    as many as its tensor-parallel size); without devices, one server after another. A cell that
+    settles early (`early_stop`) or cannot run on the host takes less: this is the plan's top."""
+    budget = config.budget
+    if budget is None:
+        raise ConfigError(f"{config.name}: no `budget` to state the expected time with")
+    per_start = budget.boot_minutes + budget.serve_minutes
+    out = []
+    for platform in config.platforms:
+        mine = [c for c in cells if c.platform == platform]
+        if not mine:
+            continue
+        devices = len(mine[0].profile.devices) or 1
+        # Device-minutes over devices; a server of several devices holds them all meanwhile.
+        held = sum(c.repeats * per_start * (c.model.tensor_parallel_size if devices > 1 else 1) for c in mine)
+        out.append(PlatformTime(platform=platform, starts=sum(c.repeats for c in mine), devices=devices,
+                                minutes=budget.setup_minutes + held / devices))
+    return out
