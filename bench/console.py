@@ -56,6 +56,8 @@ def run_line(record: RunRecord, findings: list[Finding], divergence: list[TokenD
     mark, what = run_mark(record, findings, divergence)
     if mark == RunMark.INTERRUPTED:
         return f"[yellow]-[/] {head}: interrupted"
+    if mark == RunMark.NOT_RUNNABLE:
+        return f"[dim]–[/] {head}: not_runnable, not a failure ({'; '.join(what)})"
     if mark == RunMark.FAILED:
         return f"[red]✗[/] {head}: {', '.join(what)}"
     if mark == RunMark.PENDING and what:

@@ -102,12 +102,12 @@ def healthy(tmp_path_factory, request):
 def test_every_healthy_cell_passes_under_the_logprobs_rule(healthy):
     runs, whole, _ = healthy
     for name, (code, output, _) in runs.items():
-        assert code == (1 if name == "new" and len(runs) == 2 and NOT_HERE else 0), output
+        assert code == 0, output  # a cell this host cannot run is named, never a failure
     cells = cells_of(whole)
     assert sorted(cells) == sorted(NEW + PREVIOUS if len(runs) == 2 else LANDING)
     for cell_id, c in cells.items():
         if cell_id in NOT_HERE:
-            assert (c.verdict, c.runs, c.reasons) == ("fail", 1, {"not_runnable": 1}), (cell_id, c.reasons)
+            assert (c.verdict, c.runs, c.reasons) == ("not runnable", 0, {"not_runnable": 1}), (cell_id, c.reasons)
             continue
         assert (c.verdict, c.runs) == ("pass", 1), (cell_id, c.reasons, c.example)
         origin = cell_id.split("+")[0]

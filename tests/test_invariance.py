@@ -307,10 +307,13 @@ def test_a_knob_the_host_cannot_run_starts_no_server_and_says_why_once(tmp_path)
         {"name": "absent", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag"]},
         {"name": "present", "server_args": ["--fake-knob-arg"], "cpu_flags": ["no_such_flag", min(flags)]},
     ], prompts=[{"id": "p", "prompt": "hi"}], repeats=2, early_stop=False)
-    assert done.returncode == 1, done.stdout + done.stderr
+    # A cell this host cannot run is named, never a failure: the run passes on what could run.
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all runnable cells pass (1 not runnable on this host)" in (run_dir / "summary.md").read_text()
     cells = {c["cell_id"]: c for c in json.loads((run_dir / "summary.json").read_text())["cells"]}
     absent, present = cells["m__safetensors__cpu__fake+absent"], cells["m__safetensors__cpu__fake+present"]
-    assert (absent["verdict"], absent["runs"], absent["reasons"]) == ("fail", 1, {"not_runnable": 1})
+    assert (absent["verdict"], absent["runs"], absent["failures"], absent["reasons"]) == (
+        "not runnable", 0, 0, {"not_runnable": 1})
     assert (present["verdict"], present["runs"]) == ("pass", 2)
     assert "+absent #1 (no boot): not_runnable" in done.stderr and "+absent #2" not in done.stderr
     runs = [r for r in map(json.loads, (run_dir / "runs.jsonl").read_text().splitlines())

@@ -80,3 +80,31 @@ def test_verdicts_are_derived_in_the_judge_module_only():
     assert out == ["bench/core/judge.py"], out
     assert sys.modules.get("bench.report.summary") is None or not hasattr(
         sys.modules["bench.report.summary"], "summarize_cells")
+
+
+def test_a_cell_this_host_cannot_run_is_named_and_never_a_failure(tmp_path):
+    """A run that could not start here (its start error says not runnable: an image's
+    architecture, CUDA requirement or registry, devices the host lacks, a knob's CPU flag) says
+    nothing of vLLM: the cell is NOT RUNNABLE, counts no failing run, fails no exit code and no
+    JUnit case; a run where nothing at all could run exits 2, not 1."""
+    results = synth.create(tmp_path, "r", synth.matrix(repeats=2))
+    why = "not runnable on this host: image vllm/vllm-openai:v0.16.0 is linux/amd64, this host is arm64 (aarch64)"
+    synth.add_run(results, BASE, 1)
+    synth.add_run(results, BASE, 2)
+    synth.add_run(results, BAD, 1, boot_s=None, start_error=why)
+    summary = regenerate(results.path).summary
+    cells = {c.cell_id: c for c in summary.cells}
+    assert (cells[BAD].verdict, cells[BAD].runs, cells[BAD].failures) == ("not runnable", 0, 0)
+    assert cells[BAD].reasons == {"not_runnable": 1} and cells[BAD].failure_rate_interval is None
+    assert summary.exit_code == 0
+    md = (results.path / "summary.md").read_text()
+    assert "all runnable cells pass (1 not runnable on this host)" in md and "NOT RUNNABLE" in md
+    junit = (results.path / "junit.xml").read_text()
+    assert 'failures="0"' in junit and 'skipped="1"' in junit and "is linux/amd64, this host is arm64" in junit
+
+    nothing = synth.create(tmp_path, "n", synth.matrix(repeats=1))
+    for cell in (BASE, BAD):
+        synth.add_run(nothing, cell, 1, boot_s=None, start_error=why)
+    summary = regenerate(nothing.path).summary
+    assert summary.exit_code == 2
+    assert "NO CELL RUNNABLE ON THIS HOST" in (nothing.path / "summary.md").read_text()

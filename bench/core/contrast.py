@@ -58,7 +58,7 @@ def _axes(c: CellSummary) -> dict[str, str]:
 
 
 def contrast(cells: list[CellSummary], fingerprints: Sequence[Fingerprint] = ()) -> list[Contrast]:
-    judged = [c for c in cells if c.verdict != Verdict.NOT_RUN]
+    judged = [c for c in cells if c.verdict not in (Verdict.NOT_RUN, Verdict.NOT_RUNNABLE)]
     failing = [c for c in judged if c.verdict.failing]
     passing = [c for c in judged if c.verdict == Verdict.PASS]
     varying = [a for a in AXES if len({getattr(c, a) for c in judged}) > 1]

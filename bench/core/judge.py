@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from bench.core.config import Comparison, Prompt, ReferenceText, RequestShape, Workload
-from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS
+from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, EXIT_USAGE
 from bench.core.matrix import Cell, expand, matrix_image
 from bench.core.perf import cell_perf
 from bench.core.probes import judge_probes, stopped_by_probe
@@ -673,7 +673,10 @@ def judge_cell(
             per_run[repeat], set_aside[repeat] = set_aside_probes(per_run[repeat], shared, knob=cell.knob is not None)
     pending = cell.baseline_id is not None and (baseline is None or not baseline.outputs)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
-    failures = sum(1 for rs in run_reasons.values() if rs)
+    # A run that could not be started on this host says nothing of vLLM: not a failing run.
+    unrunnable = {repeat for repeat, rs in run_reasons.items() if Reason.NOT_RUNNABLE in rs}
+    counted = len(judged) - len(unrunnable)
+    failures = sum(1 for repeat, rs in run_reasons.items() if rs and repeat not in unrunnable)
     reasons = Counter(reason for rs in run_reasons.values() for reason in rs)
     example = next((fs[0].detail for fs in per_run.values() if fs), None)
 
@@ -706,13 +709,13 @@ def judge_cell(
         platform=cell.platform,
         image=cell.image.name,
         baseline_id=cell.baseline_id,
-        runs=len(judged),
+        runs=counted,
         failures=failures,
-        verdict=verdict(failures, len(judged)),
+        verdict=Verdict.NOT_RUNNABLE if unrunnable and not counted else verdict(failures, counted),
         reasons=dict(sorted(reasons.items())),
         divergence_positions=positions,
         example=example.splitlines()[0][:200] if example else None,
-        failure_rate_interval=wilson_interval(failures, len(judged)) if judged else None,
+        failure_rate_interval=wilson_interval(failures, counted) if counted else None,
         nondeterminism=nondeterminism,
         unconfirmed_probes=_probe_notes(set_aside, cell.is_baseline, cell.knob.name if cell.knob else None,
                                         baseline.missed if baseline is not None else frozenset()),
@@ -750,9 +753,14 @@ def apply_cell_checks(summary: CellSummary, runs: list[RunRecord], audit: Prefli
 
 
 def exit_code(cells: list[CellSummary], interrupted: bool) -> int:
+    """0 when every cell that could run here passed (the others are named, not failed); 2 when
+    no cell could run on this host at all (nothing was tested); 1 otherwise."""
     if interrupted:
         return EXIT_INTERRUPTED
-    return EXIT_PASS if all(c.verdict == Verdict.PASS for c in cells) else EXIT_FAIL
+    runnable = [c for c in cells if c.verdict != Verdict.NOT_RUNNABLE]
+    if cells and not runnable:
+        return EXIT_USAGE
+    return EXIT_PASS if all(c.verdict == Verdict.PASS for c in runnable) else EXIT_FAIL
 
 
 def judge(results: Results, comparison: Comparison | None = None, only: Iterable[str] | None = None) -> Summary:
@@ -834,6 +842,7 @@ class RunMark(StrEnum):
     FAILED = "failed"
     PENDING = "pending"  # only what the baseline decides: a probe it may miss too, or no reference yet
     INTERRUPTED = "interrupted"
+    NOT_RUNNABLE = "not runnable"  # no server could be started on this host: nothing said of vLLM
 
 
 def run_mark(record: RunRecord, findings: list[Finding], divergence: list[TokenDiff] | None) -> tuple[RunMark, list[str]]:
@@ -843,6 +852,9 @@ def run_mark(record: RunRecord, findings: list[Finding], divergence: list[TokenD
     clean run to compare with."""
     if record.interrupted:
         return RunMark.INTERRUPTED, []
+    unrunnable = [f.detail for f in findings if f.reason == Reason.NOT_RUNNABLE]
+    if unrunnable:
+        return RunMark.NOT_RUNNABLE, unrunnable
     probes = [f for f in findings if probe_key(f) is not None]
     reasons = sorted({str(f.reason) for f in findings if probe_key(f) is None})
     if divergence:

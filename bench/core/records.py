@@ -277,8 +277,13 @@ class RunResult(Record):
     baseline_pending: bool = False
 
     @property
+    def not_runnable(self) -> bool:
+        """No server could be started on this host: the run says nothing of vLLM."""
+        return Reason.NOT_RUNNABLE in self.reasons
+
+    @property
     def failed(self) -> bool:
-        return bool(self.reasons)
+        return bool(self.reasons) and not self.not_runnable
 
     @property
     def beside_divergence(self) -> list[Finding]:

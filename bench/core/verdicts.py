@@ -100,10 +100,15 @@ Per run: the server's own counters (bench.core.judge.judge_server_counters)
 Per run: one fresh server (bench.core.judge.judge_server)
     boot_failed          the server could not be started, or exited before /health answered 200;
                          the evidence has the log tail
-    not_runnable         the image cannot run on this host (its architecture is not the host's,
-                         from `docker image inspect`), or the cell's knob needs a CPU flag the
-                         host lacks (a profile knob's `cpu_flags`, from /proc/cpuinfo): checked
-                         before any server, so no boot was tried; the evidence says which
+    not_runnable         the cell cannot run on this host, said before or instead of a boot:
+                         the image's architecture is not the host's (`docker image inspect`),
+                         its NVIDIA_REQUIRE_* cannot be met by the host's driver, or NVIDIA's
+                         container toolkit refused it in its own words; its tag is not
+                         published or has no build for the host's platform; the GPUs it is
+                         placed on are absent; the cell's knob needs a CPU flag the host lacks
+                         (a profile knob's `cpu_flags`). The evidence says which. It says
+                         nothing of vLLM: the run is not a failing one, the cell is NOT
+                         RUNNABLE, and it fails no exit code
     boot_timeout         /health did not answer 200 before the boot deadline
     port_taken           another program held the server's port and answered in its place; no
                          request was sent to it (the evidence names the process)
@@ -164,7 +169,10 @@ Per cell over its repeats (bench.core.judge.judge_cell)
     A run *failed* when it has a finding of its own or diverges from the baseline.
     Verdict              PASS when no judged run failed, FAIL when every judged run failed,
                          FLAKY in between, NOT_RUN with no judged run (bench.core.stats.verdict;
-                         verdict_settled says when more repeats can no longer change it)
+                         verdict_settled says when more repeats can no longer change it);
+                         NOT_RUNNABLE when its only runs could not start on this host
+                         (not_runnable). Exit code: 0 when every other cell passes, 2 when no
+                         cell could run here at all, else 1
     failures/runs        with the Wilson 95 % interval of the failure rate: "0/20 (0–16 %)"
     nondeterminism       token ids of a prompt differ between repeats of the same cell (each
                          repeat against the cell's first clean run, or its first run if none is
@@ -211,7 +219,7 @@ class Reason(StrEnum):
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
     BOOT_FAILED = "boot_failed"
-    NOT_RUNNABLE = "not_runnable"  # the image cannot run on this host (its arch): no container started
+    NOT_RUNNABLE = "not_runnable"  # the cell cannot run on this host: no server started, nothing said of vLLM
     BOOT_TIMEOUT = "boot_timeout"
     PORT_TAKEN = "port_taken"
     SERVER_DIED = "server_died"
@@ -229,6 +237,9 @@ class Verdict(StrEnum):
     FLAKY = "flaky"
     FAIL = "fail"
     NOT_RUN = "not run"
+    # The cell cannot run on this host (its image, its devices, its knob's CPU): no server was
+    # started, and nothing is said of vLLM. It fails no run and no exit code.
+    NOT_RUNNABLE = "not runnable"
 
     @property
     def failing(self) -> bool:

@@ -13,8 +13,10 @@ from bench.core.perf import MIN_RUNS
 from bench.core.verdicts import Verdict
 from bench.history.model import ORDER_TEXT, CellHistory
 
-_MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
-_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim"}
+_MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN",
+         Verdict.NOT_RUNNABLE: "NOT RUNNABLE"}
+_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim",
+          Verdict.NOT_RUNNABLE: "dim"}
 
 
 def _when(t: float) -> str:

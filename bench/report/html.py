@@ -39,7 +39,7 @@ from bench.core.records import (
 )
 from bench.core.stats import percent_range, rate_text
 from bench.core.verdicts import Verdict
-from bench.report.model import Report
+from bench.report.model import Report, headline
 from bench.report.perf import PLOTS, strip_svg
 from bench.report.svg import run_bars, run_whiskers
 
@@ -51,11 +51,14 @@ TOKEN_IDS = 48
 DETAIL_CHARS = 3000
 NONDET_SHOWN = 50
 
-LABEL = {Verdict.PASS: "PASS", Verdict.FLAKY: "FLAKY", Verdict.FAIL: "FAIL", Verdict.NOT_RUN: "NOT RUN"}
+LABEL = {Verdict.PASS: "PASS", Verdict.FLAKY: "FLAKY", Verdict.FAIL: "FAIL", Verdict.NOT_RUN: "NOT RUN",
+         Verdict.NOT_RUNNABLE: "NOT RUNNABLE"}
 # CSS classes (a class name cannot hold the space of "not run").
-CLASS = {Verdict.PASS: "pass", Verdict.FLAKY: "flaky", Verdict.FAIL: "fail", Verdict.NOT_RUN: "notrun"}
+CLASS = {Verdict.PASS: "pass", Verdict.FLAKY: "flaky", Verdict.FAIL: "fail", Verdict.NOT_RUN: "notrun",
+         Verdict.NOT_RUNNABLE: "notrun"}
 MEANING = {Verdict.PASS: "pass: no run failed", Verdict.FLAKY: "flaky: some runs failed",
-           Verdict.FAIL: "fail: every run failed", Verdict.NOT_RUN: "not run"}
+           Verdict.FAIL: "fail: every run failed", Verdict.NOT_RUN: "not run",
+           Verdict.NOT_RUNNABLE: "not runnable on this host: no server was started"}
 
 
 # --- views the templates draw -----------------------------------------------------------------
@@ -85,8 +88,9 @@ def _reasons(cell: CellSummary) -> str:
 
 
 def _overall(summary: Summary) -> tuple[str, str]:
-    return {0: ("all cells pass", CLASS[Verdict.PASS]), 130: ("INTERRUPTED", CLASS[Verdict.NOT_RUN])}.get(
-        summary.exit_code, ("FAILURES", CLASS[Verdict.FAIL]))
+    cls = {0: CLASS[Verdict.PASS], 2: CLASS[Verdict.NOT_RUN], 130: CLASS[Verdict.NOT_RUN]}.get(
+        summary.exit_code, CLASS[Verdict.FAIL])
+    return headline(summary), cls
 
 
 def _tally(summary: Summary) -> str:
@@ -167,6 +171,8 @@ def _run_rows(report: Report, cell: CellSummary) -> RunRows:
         result = results.get(repeat)
         if run.interrupted or result is None:
             status, cls, reasons = "interrupted", CLASS[Verdict.NOT_RUN], "not judged"
+        elif result.not_runnable:
+            status, cls, reasons = Verdict.NOT_RUNNABLE.value, CLASS[Verdict.NOT_RUNNABLE], ", ".join(result.reasons)
         elif result.failed:
             status, cls, reasons = Verdict.FAIL.value, CLASS[Verdict.FAIL], ", ".join(result.reasons)
         else:

@@ -14,7 +14,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from bench.core.records import CellSummary, Finding, RunRecord, RunResult, Summary
+from bench.core.records import CellSummary, Finding, Reason, RunRecord, RunResult, Summary
 from bench.core.stats import rate_text
 
 # XML 1.0 cannot carry these at all, escaped or not; server logs and model outputs contain them.
@@ -84,6 +84,10 @@ def junit_xml(summary: Summary, runs: list[RunRecord]) -> str:
             result = results.get(run.repeat)
             if run.interrupted or result is None:
                 _el(case, "skipped", message="interrupted: not judged")
+                skipped += 1
+            elif result.not_runnable:
+                why = next((f.detail for f in result.findings if f.reason == Reason.NOT_RUNNABLE), "")
+                _el(case, "skipped", message=f"not runnable on this host: no server was started ({why})")
                 skipped += 1
             elif result.failed:
                 failures += 1

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.records import CellSummary, Fingerprint, JobRecord, LogExcerpt, RequestRecord, RunRecord, Summary
+from bench.core.verdicts import Verdict
 
 
 @dataclass(frozen=True)
@@ -54,3 +55,15 @@ class Report:
 
     def requests_of(self, cell: CellSummary) -> dict[int, list[RequestRecord]]:
         return self.requests.get(cell.cell_id, {})
+
+
+def headline(summary: Summary) -> str:
+    """The run in a few words, for every format: what the exit code means, with the cells that
+    could not run on this host named as such, never as failures."""
+    unrunnable = sum(1 for c in summary.cells if c.verdict == Verdict.NOT_RUNNABLE)
+    elsewhere = f" ({unrunnable} not runnable on this host)" if unrunnable else ""
+    if summary.exit_code == 0:
+        return ("all runnable cells pass" if unrunnable else "all cells pass") + elsewhere
+    if summary.exit_code == 2 and unrunnable:
+        return "NO CELL RUNNABLE ON THIS HOST"
+    return {1: "FAILURES" + elsewhere, 130: "INTERRUPTED"}.get(summary.exit_code, "")

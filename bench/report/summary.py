@@ -20,10 +20,11 @@ from bench.core.stats import percent_range
 from bench.core.verdicts import Reason, Verdict
 from bench.report.html import html_report
 from bench.report.junit import junit_xml
-from bench.report.model import Report
+from bench.report.model import Report, headline
 from bench.report.perf import perf_markdown
 
-_MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN"}
+_MARK = {Verdict.PASS: "PASS", Verdict.FAIL: "FAIL", Verdict.FLAKY: "FLAKY", Verdict.NOT_RUN: "NOT RUN",
+         Verdict.NOT_RUNNABLE: "NOT RUNNABLE"}
 
 
 def _reasons(c: CellSummary) -> str:
@@ -164,7 +165,7 @@ def jobs_markdown(jobs: Sequence[JobRecord]) -> list[str]:
 
 def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagnosis | None = None,
              jobs: Sequence[JobRecord] = ()) -> str:
-    verdict = {0: "all cells pass", 1: "FAILURES", 130: "INTERRUPTED"}.get(summary.exit_code, "")
+    verdict = headline(summary)
     lines = [
         f"# regbench {summary.config_name}: {verdict}",
         "",
@@ -253,7 +254,8 @@ def render_all(report: Report) -> dict[str, str]:
     return files
 
 
-_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim"}
+_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.FLAKY: "yellow", Verdict.NOT_RUN: "dim",
+          Verdict.NOT_RUNNABLE: "dim"}
 
 
 def table(summary: Summary) -> Table:
