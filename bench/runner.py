@@ -53,7 +53,8 @@ from bench.serve.launch import server_env
 from bench.serve.launchers import backend, open_launcher
 from bench.serve.memory import Settler
 from bench.serve.metrics import ScrapeError, delta, scrape
-from bench.serve.protocols import Launcher
+from bench.serve.platforms import HostCheck, check_host, not_runnable_server
+from bench.serve.protocols import LaunchedServer, Launcher
 from bench.serve.slots import SlotPool
 from bench.store.publish import Published, write_reports
 from bench.store.results import ResultsDir, read_log_bytes
@@ -110,15 +111,21 @@ async def _until_stopped(work: Awaitable[T], stop: StopToken) -> T:
 def run_one(
     config: Config, cell: Cell, repeat: int, launcher: Launcher, results: ResultsDir,
     status: Callable[[str], None], devices: Devices | None = None, stop: StopToken | None = None,
+    refused: str | None = None,
 ) -> RunRecord:
     """One fresh server: boot, send the workload, stop, record what was observed (the judge
     makes the findings from it). When `stop` is set meanwhile the server is taken down and the
-    run is recorded as interrupted (never judged)."""
+    run is recorded as interrupted (never judged). `refused`: why the cell cannot run on this
+    host (bench.serve.platforms.check_host): recorded as such, no server started."""
     stop = stop or StopToken()
     run_dir = results.run_dir(cell.id, repeat)
-    if cell.profile.unified_memory:
-        _settle(launcher, run_dir, status)
-    server = launcher.server(cell, repeat, run_dir, devices, stop)
+    server: LaunchedServer
+    if refused is not None:
+        server = not_runnable_server(refused, run_dir)
+    else:
+        if cell.profile.unified_memory:
+            _settle(launcher, run_dir, status)
+        server = launcher.server(cell, repeat, run_dir, devices, stop)
     requests: list[RequestRecord] = []
     requests_s = None
     reference = None
@@ -220,13 +227,15 @@ def check_devices(config: Config, cells: list[Cell]) -> None:
             )
 
 
-def device_pools(config: Config, cells: list[Cell], locks: Path | None = None) -> dict[str, SlotPool]:
-    """A pool per platform whose profile lists devices."""
+def device_pools(config: Config, cells: list[Cell], locks: Path | None = None,
+                 host: HostCheck | None = None) -> dict[str, SlotPool]:
+    """A pool per platform whose profile lists devices; of those `host` found here, when given."""
     check_devices(config, cells)
+    host = host or HostCheck()
     pools = {}
     for profile in {config.profile(c.platform).name: config.profile(c.platform) for c in cells}.values():
-        if profile.devices:
-            pools[profile.name] = SlotPool(profile.device_kind, profile.devices, locks)
+        if devices := host.devices(profile):
+            pools[profile.name] = SlotPool(profile.device_kind, devices, locks, lock_names=host.locks(profile))
     return pools
 
 
@@ -331,8 +340,9 @@ class Workers:
     cells of platforms without devices, which run one at a time."""
 
     def __init__(self, config: Config, schedule: Schedule, pools: dict[str, SlotPool], launcher: Launcher,
-                 results: ResultsDir, progress: Progress, stop: StopToken):
+                 results: ResultsDir, progress: Progress, stop: StopToken, host: HostCheck | None = None):
         self.config, self.schedule, self.pools = config, schedule, pools
+        self.host = host or HostCheck()
         self.launcher, self.results, self.progress, self.stop = launcher, results, progress, stop
         self.one_at_a_time = threading.Lock()
         self.reporting = threading.Lock()
@@ -353,6 +363,10 @@ class Workers:
             thread.start()
 
     def _run(self, cell: Cell, repeat: int) -> RunRecord | None:
+        refused = self.host.refused(cell)
+        if refused is not None:  # said without a server, and without taking devices
+            return run_one(self.config, cell, repeat, self.launcher, self.results, self.progress.status,
+                           None, self.stop, refused)
         pool = self.pools.get(cell.platform)
         if pool is None:
             while not self.one_at_a_time.acquire(timeout=_POLL_S):
@@ -426,8 +440,11 @@ def run_matrix(
     locks: Path | None = None,
     stop: StopToken | None = None,
     settled: Callable[[int, int, int], bool] | None = None,
+    host: HostCheck | None = None,
 ) -> Published:
     """Runs every repeat of every cell not in `done` (finished by an earlier, killed invocation).
+    `host`: the GPU profiles checked against this host (bench.serve.platforms.check_host; made
+    here when not given, its warnings said as status).
 
     Ctrl-C (KeyboardInterrupt in the calling thread) or `stop` set from elsewhere stops every
     server and ends the run as interrupted; an error in a worker (results that cannot be
@@ -450,12 +467,16 @@ def run_matrix(
         cells, fetched = resolve_models(config, cells)
     except KeyboardInterrupt:
         return finish(results, started, True)
-    pools = device_pools(config, cells, locks)
+    if host is None:
+        host = check_host(config, cells)
+        for warning in host.warnings:
+            progress.status(f"warning: {warning}")
+    pools = device_pools(config, cells, locks, host)
     interrupted = False
     by_id = {c.id: c for c in cells}
     earlier = [(r, observed(data, by_id[r.cell_id], r)) for r in data.runs if r.cell_id in by_id]
     schedule = Schedule(config, cells, done, earlier, progress.status, settled)
-    workers = Workers(config, schedule, pools, launcher, results, progress, stop)
+    workers = Workers(config, schedule, pools, launcher, results, progress, stop, host)
     try:
         progress.start(schedule.total)
         prepare(config, cells, results, launcher, progress.status, fetched)

@@ -27,7 +27,7 @@ from bench.history.store import default_url, open_history
 from bench.report.summary import table
 from bench.runner import check_devices, run_matrix
 from bench.serve.launchers import backend, open_launcher
-from bench.serve.platforms import host_facts, select
+from bench.serve.platforms import check_host, host_facts, select
 from bench.slurm import SlurmOptions, SlurmRun
 from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir, ResultsError, new_run_id, writer_lock
@@ -128,6 +128,11 @@ def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     check_devices(config, cells)
     if args.executor == "slurm":
         return _run_on_slurm(args, config, cells, run_id)
+    # The GPU profiles against this host's GPUs, said before the progress bar hides it (what the
+    # host lacks: dropped devices, or cells recorded not_runnable without a server).
+    host = check_host(config, cells)
+    for warning in host.warnings:
+        err.print(f"regbench: warning: {warning}", highlight=False, markup=False)
     if args.resume is None:
         try:
             results = ResultsDir.create(Path(args.results), run_id, config)
@@ -144,7 +149,7 @@ def _run_here(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     interrupt_on_sigterm()
     progress = RichProgress()
     try:
-        report = run_matrix(config, cells, results, launcher=launcher, progress=progress, done=done)
+        report = run_matrix(config, cells, results, launcher=launcher, progress=progress, done=done, host=host)
     finally:
         progress.stop()
     out.print(table(report.summary))

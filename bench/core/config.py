@@ -608,6 +608,10 @@ class PlatformKnob(Strict):
         return self
 
 
+# A device: a number (a GPU's index, a CPU's number) or a GPU's UUID as nvidia-smi prints it.
+DEVICE_ID = r"^([0-9]{1,4}|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})$"
+
+
 class Platform(Strict):
     """A platform profile: what the host looks like, how to run on it (bench/profiles/NAME.yaml,
     or platforms/NAME.yaml beside a matrix)."""
@@ -628,7 +632,7 @@ class Platform(Strict):
     # The host's devices that cells may be given, one server's worth each at a time (bench.serve.slots).
     # Empty: cells run one after another with whatever the platform gives them (the default).
     # GPUs by CUDA index; on the CPU platform CPU numbers, each server pinned to its own.
-    devices: list[Annotated[str, Field(pattern=r"^[0-9]{1,4}$")]] = Field(
+    devices: list[Annotated[str, Field(pattern=DEVICE_ID)]] = Field(
         default=[], description="the host's devices that cells may be given, one server's worth each at a time "
                                 "(GPUs by CUDA index, or CPU numbers); empty: cells run one after another")
     device_kind: Literal["gpu", "cpu"] = Field(default="gpu", description="what `devices` number")
@@ -997,11 +1001,14 @@ def with_repeats(config: Config, repeats: int | None) -> Config:
 
 
 def parse_devices(spec: str) -> list[str]:
-    """'0,1', '4-7', '0,2-3' or 'none' → device numbers; raises ConfigError."""
+    """'0,1', '4-7', '0,2-3', GPU UUIDs or 'none' → device ids; raises ConfigError."""
     if spec.strip() == "none":
         return []
     out: list[str] = []
     for part in spec.split(","):
+        if re.fullmatch(DEVICE_ID, part.strip()) and not part.strip().isdigit():
+            out.append(part.strip())  # a GPU UUID, as nvidia-smi -L prints it
+            continue
         first, sep, last = part.strip().partition("-")
         if not first.isdigit() or (sep and not last.isdigit()) or (sep and int(last) < int(first)):
             raise ConfigError(f"--devices {spec!r}: use numbers and ranges like 0,1 or 4-7, or none")

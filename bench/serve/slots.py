@@ -74,17 +74,23 @@ class SlotPool:
     """Disjoint device sets for concurrent servers, locked host-wide while held."""
 
     def __init__(self, kind: Literal["gpu", "cpu"], ids: list[str], locks: Path | None = None,
-                 poll_s: float = 1.0):
+                 poll_s: float = 1.0, lock_names: Mapping[str, str] | None = None):
         self.kind = kind
         self.ids = list(ids)
+        # A device's lock by the host's own number for it, so that benches naming one GPU by its
+        # index and by its UUID take the same lock (bench.serve.platforms.check_host).
+        self.lock_names = dict(lock_names or {})
         self.locks = locks or lock_dir()
         _shared_folder(self.locks)
         self.poll_s = poll_s
         self._cond = threading.Condition()
         self._held: dict[str, int] = {}  # device id -> fd of its lock file
 
+    def _lock_path(self, device: str) -> Path:
+        return self.locks / f"{self.kind}{self.lock_names.get(device, device)}.lock"
+
     def _try_lock(self, device: str) -> int | None:
-        path = self.locks / f"{self.kind}{device}.lock"
+        path = self._lock_path(device)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except PermissionError as exc:
@@ -109,7 +115,7 @@ class SlotPool:
     def holder(self, device: str) -> str | None:
         """The pid written by the bench that holds a device's lock (best effort)."""
         try:
-            return (self.locks / f"{self.kind}{device}.lock").read_text().strip() or None
+            return self._lock_path(device).read_text().strip() or None
         except OSError:
             return None
 
