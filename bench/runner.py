@@ -49,9 +49,9 @@ from bench.core.stats import verdict_settled
 from bench.core.stop import Stopped, StopToken
 from bench.serve.client import run_workload, score_reference
 from bench.serve.errors import BootError
-from bench.serve.launch import server_env
+from bench.serve.launch import serve_args, server_env
 from bench.serve.launchers import backend, open_launcher
-from bench.serve.memory import Settler
+from bench.serve.memory import Settler, gpu_memory_utilization
 from bench.serve.metrics import ScrapeError, delta, scrape
 from bench.serve.platforms import HostCheck, check_host, not_runnable_server
 from bench.serve.protocols import LaunchedServer, Launcher
@@ -123,9 +123,11 @@ def run_one(
     if refused is not None:
         server = not_runnable_server(refused, run_dir)
     else:
-        if cell.profile.unified_memory:
-            _settle(launcher, run_dir, status)
-        server = launcher.server(cell, repeat, run_dir, devices, stop)
+        short = _settle(launcher, run_dir, status, cell) if cell.profile.unified_memory else None
+        if short is not None:  # vLLM would refuse to start for memory: not started (bench.serve.memory)
+            server = not_runnable_server(short, run_dir)
+        else:
+            server = launcher.server(cell, repeat, run_dir, devices, stop)
     requests: list[RequestRecord] = []
     requests_s = None
     reference = None
@@ -177,16 +179,20 @@ def run_one(
 _SETTLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # launcher -> Settler (one per bench run)
 
 
-def _settle(launcher: Launcher, run_dir: Path, status: Callable[[str], None]) -> None:
+def _settle(launcher: Launcher, run_dir: Path, status: Callable[[str], None], cell: Cell | None = None) -> str | None:
     """Unified memory (GPU allocations are host memory): before a fresh server, memory back near
-    its level before the previous one (bench.serve.memory.Settler); the wait is said and kept in
-    the run's folder as memory-settle.json."""
+    its level before the previous one, and at least what the cell's server asks for
+    (bench.serve.memory.Settler); the wait is said and kept in the run's folder as
+    memory-settle.json. Returns why the server must not be started (vLLM would refuse it)."""
     settler = _SETTLERS.setdefault(launcher, Settler())
-    done = settler.before_boot()
-    if done is not None:
-        status(done.text())
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "memory-settle.json").write_text(json.dumps(dataclasses.asdict(done)) + "\n")
+    utilization = None if cell is None else gpu_memory_utilization(serve_args(cell, cell.server, 0, cell.model.path))
+    done = settler.before_boot(utilization)
+    if done is None:
+        return None
+    status(done.text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "memory-settle.json").write_text(json.dumps(dataclasses.asdict(done)) + "\n")
+    return done.refused
 
 
 def _scrape(base_url: str) -> dict[str, float] | str:
@@ -254,7 +260,9 @@ def pin_images(cells: list[Cell], results: ResultsDir, launcher: Launcher,
     earlier = {f.image: f.image_pin for f in results.data.fingerprints
                if f.image_pin and f.image_ref == refs.get(f.image)}
     pinned = launcher.resolve_images(images, earlier)
-    return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells]
+    # An image with no build for this host is left out: its cells say why, each at its first run.
+    return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells
+            if c.image.name in pinned or not c.image.ref]
 
 
 def matrix_cells(cells: list[Cell]) -> list[Cell]:

@@ -12,12 +12,28 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.core.config import parse_config
+from bench.core.matrix import expand
 from bench.core.perf import METRICS, cell_perf, run_values, slowdowns
 from bench.core.records import CellSummary, RunPerf, RunRecord, ServerOutcome
+from bench.core.verdicts import NOT_RUNNABLE
 from bench.report.perf import perf_markdown
-from bench.runner import _settle
+from bench.runner import _settle, run_matrix
 from bench.serve import memory
-from bench.serve.memory import Settler, gpu_bytes, listed_without_figure, mem_available, parse_compute_apps, settle_memory
+from bench.serve.memory import (
+    Settler,
+    boot_room,
+    gpu_bytes,
+    gpu_memory_utilization,
+    listed_without_figure,
+    mem_available,
+    parse_compute_apps,
+    read_meminfo,
+    settle_memory,
+)
+from bench.store.results import ResultsDir
+
+from .support import ScriptedLauncher
 
 STANDIN_BIN = Path(__file__).resolve().parent / "data" / "gpu-standin"
 GIB = 2**30
@@ -156,3 +172,87 @@ def test_the_runner_settles_between_fresh_servers_and_records_the_wait(tmp_path,
     assert record["settled"] and record["available_bytes"] == 99 * GIB and record["target_bytes"] == 95 * GIB
     assert said and said[0].startswith("memory settle: MemAvailable back")
     assert isinstance(Settler().timeout_s, float)
+
+
+MEMINFO = Path(__file__).resolve().parent / "data" / "meminfo"  # a real layout, GB10 figures: README.md there
+
+
+def unified_matrix(minimal: dict, utilization: str | None) -> dict:
+    minimal["exclude"] = [{"load_format": "runai_streamer"}]
+    minimal["workload"]["min_tokens"] = minimal["workload"]["max_tokens"] = 16
+    minimal["platforms"], minimal["profiles"] = ["uma"], [{"name": "uma", "unified_memory": True}]
+    if utilization is not None:
+        minimal["server"] = {"args": ["--gpu-memory-utilization", utilization]}
+    return minimal
+
+
+def test_the_utilization_a_server_asks_for_is_read_as_vllms_parser_reads_it():
+    assert gpu_memory_utilization(["serve", "m"]) == 0.9  # vLLM's default
+    assert gpu_memory_utilization(["--gpu-memory-utilization", "0.7", "--gpu-memory-utilization=0.5"]) == 0.5
+    assert gpu_memory_utilization(["--gpu_memory_utilization", "0.6"]) == 0.6
+    assert gpu_memory_utilization(["--gpu-memory-utilization", "lots"]) == 0.9
+
+
+def test_a_real_meminfo_layout_is_read_in_bytes():
+    info = read_meminfo(str(MEMINFO / "gb10-refused"))
+    assert info["MemTotal"] == 127600748 * 1024 and info["MemAvailable"] == 59063644 * 1024
+    assert info["HugePages_Total"] == 0  # a count, no unit
+    room = boot_room(0.7, str(MEMINFO / "gb10-refused"))
+    assert room is not None and room.short and room.needed_bytes == int(0.7 * 127600748 * 1024)
+
+
+def test_a_server_vllm_would_refuse_for_memory_is_not_started_and_is_not_runnable(tmp_path, minimal, monkeypatch):
+    # GB10 as vLLM 0.24.0 found it when it refused to start (MemAvailable 56.3 GiB, 32 GiB of it
+    # page cache), and the 0.7 of configs/dgx-spark.yaml: 85.2 GiB asked for. Without the check
+    # the bench would start the server, and vLLM's refusal would read as a boot failure.
+    monkeypatch.setenv("REGBENCH_MEMINFO", str(MEMINFO / "gb10-refused"))
+    monkeypatch.setenv("REGBENCH_SETTLE_TIMEOUT_S", "0")
+    cfg = parse_config(unified_matrix(minimal, "0.7"))
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    launcher = ScriptedLauncher(["ok"])
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher).summary
+    (run,) = results.runs()
+    assert launcher.requests == 0 and run.server.boot_s is None
+    error = run.server.start_error or ""
+    assert error.startswith(NOT_RUNNABLE) and "MemAvailable" in error and "56.3 GiB" in error
+    assert "0.7 × 121.7 GiB = 85.2 GiB" in error and "drop_caches" in error
+    assert [c.reasons for c in summary.cells] == [{"not_runnable": 1}]
+    settle = json.loads((results.run_dir(run.cell_id, 1) / "memory-settle.json").read_text())
+    assert settle["refused"] == error and settle["needed_bytes"] == int(0.7 * 127600748 * 1024)
+
+
+def test_page_cache_that_vllm_counts_as_free_does_not_hold_a_boot_back(tmp_path, minimal, monkeypatch):
+    # 80 GiB of page cache: MemFree (26.5 GiB) is short of the 85.2 GiB, MemAvailable (110 GiB),
+    # which vLLM reads on an integrated GPU, is not: the server starts.
+    monkeypatch.setenv("REGBENCH_MEMINFO", str(MEMINFO / "gb10-page-cache"))
+    monkeypatch.setenv("REGBENCH_SETTLE_TIMEOUT_S", "0")
+    cfg = parse_config(unified_matrix(minimal, "0.7"))
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    launcher = ScriptedLauncher(["ok"])
+    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher).summary
+    (run,) = results.runs()
+    assert run.server.start_error is None and launcher.requests > 0
+    assert summary.cells[0].verdict == "pass"
+
+
+def test_a_short_host_is_waited_for_and_the_boot_goes_ahead_once_memory_comes_back(tmp_path):
+    info = tmp_path / "meminfo"
+    layout = (MEMINFO / "gb10-refused").read_text()
+    info.write_text(layout)
+    calls = []
+
+    def wait(s: float) -> None:  # what held the memory gives it back while the bench waits
+        calls.append(s)
+        if len(calls) == 2:
+            info.write_text(layout.replace("MemAvailable:   59063644 kB", "MemAvailable:   115343360 kB"))
+
+    settler = Settler({"REGBENCH_MEMINFO": str(info), "REGBENCH_SETTLE_TIMEOUT_S": "60"})
+    done = settler.before_boot(0.7, wait=wait)
+    assert done is not None and done.refused is None and done.settled and len(calls) == 2
+    assert done.needed_bytes == int(0.7 * 127600748 * 1024)
+    # Short at the bound: the reason not to start it.
+    info.write_text(layout)
+    now = [0.0]
+    done = settle_memory(0, meminfo=str(info), timeout_s=10, poll_s=1, utilization=0.7,
+                         clock=lambda: now[0], wait=lambda s: now.__setitem__(0, now[0] + s))
+    assert done.refused is not None and done.waited_s == 10 and done.text().startswith(f"memory settle: {NOT_RUNNABLE}")

@@ -10,8 +10,27 @@ Unified memory (GB10 / DGX Spark, Jetson Thor): nvidia-smi lists the server's pr
 lists (their resident memory, or a container's cgroup memory) then counts as the GPU's.
 
 Between fresh servers on unified-memory hosts the bench settles (settle_memory): it waits, bounded,
-until MemAvailable (/proc/meminfo) is back near its level before the previous boot, dropping the
-page cache first where allowed (root, and the bench configured to), and says how long it waited.
+until MemAvailable (/proc/meminfo) is back near its level before the previous boot, and until it
+is at least what the server will ask for, dropping the page cache first where allowed (root, and
+the bench configured to), and says how long it waited.
+
+MemAvailable is what vLLM itself reads as the free memory of an integrated GPU: on such a device
+cudaMemGetInfo's free is the kernel's MemFree, which counts the page cache as used (the CUDA
+driver API's cuMemGetInfo "free according to the OS", and NVIDIA's CUDA for Tegra app note,
+"Estimating total allocatable device memory on an integrated GPU device"; measured on GB10:
+cuda_free tracked MemFree exactly while a 60 GiB file went through the page cache, unsloth pull
+request 10704), so vLLM's MemorySnapshot.measure (vllm/utils/mem_utils.py) replaces it with
+psutil.virtual_memory().available, which psutil reads from /proc/meminfo's MemAvailable
+(psutil/_pslinux.py): first for the compute capabilities of Orin, Thor and Spark (8.7, 11.0,
+12.1), since vLLM pull request 35356 for every device whose `is_integrated` is set. vLLM's start-up
+check (request_memory, vllm/v1/worker/utils.py) refuses to start when that free memory is below
+--gpu-memory-utilization × the device's total ("Free memory on device cuda:0 (55.87/119.56 GiB) on
+startup is less than desired GPU memory utilization", vLLM issue 48140: GB10, vLLM 0.24.0, the
+55.87 GiB being MemAvailable while MemFree was 26.5 GiB). So the bench waits for, and checks
+before each boot, MemAvailable against the utilization × MemTotal (cudaMemGetInfo's total on GB10
+is MemTotal, 121.69 GiB, or a little less, 119.56 GiB, in the logs quoted there: the check errs
+by at most that towards holding a boot back). A server that would be refused is not started: its
+run is `not_runnable`, naming the shortfall and the fix (boot_room).
 """
 
 from __future__ import annotations
@@ -21,11 +40,13 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from bench.core.verdicts import NOT_RUNNABLE
 
 SAMPLE_S = 0.5
 NVIDIA_SMI_TIMEOUT_S = 10.0
@@ -138,16 +159,93 @@ MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
-def mem_available(meminfo: str = MEMINFO) -> int | None:
-    """MemAvailable in bytes, from a /proc/meminfo-format file."""
+def read_meminfo(meminfo: str = MEMINFO) -> dict[str, int]:
+    """The fields of a /proc/meminfo-format file in bytes ("MemTotal:  131072000 kB", the kernel's
+    format: Documentation/filesystems/proc.rst, "meminfo"); {} when it cannot be read."""
+    fields: dict[str, int] = {}
     try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                fields = line.split()
-                return int(fields[1]) * (1024 if fields[2:3] == ["kB"] else 1)
-    except (OSError, ValueError, IndexError):
+        text = Path(meminfo).read_text()
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[name.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    return fields
+
+
+def mem_available(meminfo: str = MEMINFO) -> int | None:
+    """MemAvailable in bytes, from a /proc/meminfo-format file: what vLLM reads as an integrated
+    GPU's free memory (psutil.virtual_memory().available)."""
+    return read_meminfo(meminfo).get("MemAvailable")
+
+
+VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's CacheConfig.gpu_memory_utilization default (vllm/config/cache.py)
+
+
+def gpu_memory_utilization(argv: Sequence[str]) -> float:
+    """The --gpu-memory-utilization a server is started with (pure): the last one given wins, as in
+    argparse, written `--gpu-memory-utilization X`, `=X`, or with underscores (vLLM's parser takes
+    both); vLLM's default where none is given, or where the value is no number (vLLM refuses it)."""
+    value = None
+    for i, arg in enumerate(argv):
+        name, eq, given = arg.partition("=")
+        if name.replace("_", "-") != "--gpu-memory-utilization":
+            continue
+        if eq:
+            value = given
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+    try:
+        return float(value) if value is not None else VLLM_DEFAULT_UTILIZATION
+    except ValueError:
+        return VLLM_DEFAULT_UTILIZATION
+
+
+@dataclass
+class Room:
+    """Memory before a boot on unified memory, as vLLM will weigh it: MemAvailable against the
+    utilization × MemTotal (see the module's docstring), with MemFree and the page cache beside."""
+
+    utilization: float
+    total_bytes: int
+    needed_bytes: int
+    available_bytes: int
+    free_bytes: int | None
+    cache_bytes: int | None  # Cached + Buffers: the page cache
+
+    @property
+    def short(self) -> bool:
+        return self.available_bytes < self.needed_bytes
+
+    def reason(self, waited_s: float) -> str:
+        """Why the server is not started: the shortfall and the fix, as a not-runnable reason."""
+        gib = 2**30
+        cache = "" if self.cache_bytes is None else f", the page cache {self.cache_bytes / gib:.1f} GiB"
+        return (f"{NOT_RUNNABLE} now: vLLM would refuse to start (free memory on device below desired GPU memory "
+                f"utilization): on unified memory it reads MemAvailable (/proc/meminfo), "
+                f"{self.available_bytes / gib:.1f} GiB after {waited_s:.0f} s, and needs --gpu-memory-utilization "
+                f"{self.utilization:g} × {self.total_bytes / gib:.1f} GiB = {self.needed_bytes / gib:.1f} GiB "
+                f"(MemFree {_gib(self.free_bytes)}{cache}). Free memory on this host: stop what holds it, or drop "
+                "the page cache (as root: sync; echo 3 > /proc/sys/vm/drop_caches; the bench does it itself only "
+                "as root with REGBENCH_DROP_CACHES=1), or lower --gpu-memory-utilization; no server was started")
+
+
+def _gib(value: int | None) -> str:
+    return "unknown" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def boot_room(utilization: float, meminfo: str = MEMINFO) -> Room | None:
+    """What a server started now with this utilization would find; None where /proc/meminfo says
+    no MemTotal or MemAvailable (the check is then not made)."""
+    info = read_meminfo(meminfo)
+    total, available = info.get("MemTotal"), info.get("MemAvailable")
+    if total is None or available is None:
         return None
-    return None
+    cache = info.get("Cached", 0) + info.get("Buffers", 0) if "Cached" in info else None
+    return Room(utilization=utilization, total_bytes=total, needed_bytes=int(utilization * total),
+                available_bytes=available, free_bytes=info.get("MemFree"), cache_bytes=cache)
 
 
 @dataclass
@@ -159,13 +257,18 @@ class Settled:
     waited_s: float
     settled: bool
     dropped_caches: bool
+    needed_bytes: int | None = None  # what the next server asks for (Room.needed_bytes)
+    refused: str | None = None  # not enough for it after the wait: the not-runnable reason
 
     def text(self) -> str:
+        if self.refused is not None:
+            return f"memory settle: {self.refused}"
         gib = 2**30
         found = "unknown" if self.available_bytes is None else f"{self.available_bytes / gib:.1f} GiB"
         how = "back" if self.settled else "NOT back (gave up)"
+        need = "" if self.needed_bytes is None else f", the server needs {self.needed_bytes / gib:.1f} GiB"
         return (f"memory settle: MemAvailable {how} near {self.target_bytes / gib:.1f} GiB after "
-                f"{self.waited_s:.1f} s (now {found})" + (", page cache dropped" if self.dropped_caches else ""))
+                f"{self.waited_s:.1f} s (now {found}{need})" + (", page cache dropped" if self.dropped_caches else ""))
 
 
 def drop_caches(path: str = DROP_CACHES) -> bool:
@@ -183,19 +286,26 @@ def drop_caches(path: str = DROP_CACHES) -> bool:
 def settle_memory(baseline: int, tolerance: float = 0.05, timeout_s: float = 120.0, poll_s: float = 0.5,
                   meminfo: str = MEMINFO, drop: bool = False, drop_path: str = DROP_CACHES,
                   clock: Callable[[], float] = time.monotonic,
-                  wait: Callable[[float], object] = time.sleep) -> Settled:
+                  wait: Callable[[float], object] = time.sleep, utilization: float | None = None) -> Settled:
     """Waits until MemAvailable is at least (1 - tolerance) × `baseline` (its level before the
-    previous server booted), at most `timeout_s`; drops caches first when `drop` (and root).
-    Never raises: a host whose memory does not come back is said in the result."""
+    previous server booted) and, given the next server's `utilization`, at least what it will ask
+    for (boot_room), at most `timeout_s`; drops caches first when `drop` (and root). Never raises:
+    a host whose memory does not come back is said in the result, and one that stays short of
+    what the server asks for gives the reason not to start it (`refused`)."""
     target = int(baseline * (1 - tolerance))
     dropped = drop_caches(drop_path) if drop else False
     t0 = clock()
     while True:
         now = mem_available(meminfo)
-        if now is not None and now >= target:
-            return Settled(target, now, clock() - t0, True, dropped)
-        if now is None or clock() - t0 >= timeout_s:
-            return Settled(target, now, clock() - t0, False, dropped)
+        room = boot_room(utilization, meminfo) if utilization is not None else None
+        enough = room is None or not room.short
+        needed = None if room is None else room.needed_bytes
+        waited = clock() - t0
+        if now is not None and now >= target and enough:
+            return Settled(target, now, waited, True, dropped, needed)
+        if now is None or waited >= timeout_s:
+            refused = room.reason(waited) if room is not None and room.short else None
+            return Settled(target, now, waited, now is not None and now >= target, dropped, needed, refused)
         wait(poll_s)
 
 
@@ -244,8 +354,9 @@ SETTLE_ENV = {  # how the bench settles memory between fresh servers on unified-
 
 class Settler:
     """Between fresh servers of one bench on a unified-memory host: before each boot, waits
-    (settle_memory) until MemAvailable is back near its level before the previous boot, then
-    notes the level before this one. Thread-safe; the first boot does not wait."""
+    (settle_memory) until MemAvailable is back near its level before the previous boot and at
+    least what this server asks for, then notes the level before this one. Thread-safe; the
+    first boot waits only when memory is short of what it asks for."""
 
     def __init__(self, env: dict[str, str] | None = None):
         env = dict(os.environ if env is None else env)
@@ -255,11 +366,14 @@ class Settler:
         self._lock = threading.Lock()
         self._before_last: int | None = None
 
-    def before_boot(self, **kw) -> Settled | None:
+    def before_boot(self, utilization: float | None = None, **kw) -> Settled | None:
+        """None where there was nothing to wait for; `utilization`: the server's
+        --gpu-memory-utilization (gpu_memory_utilization), checked against what is free."""
         with self._lock:
             done = None
-            if self._before_last is not None:
-                done = settle_memory(self._before_last, timeout_s=self.timeout_s, meminfo=self.meminfo,
-                                     drop=self.drop, **kw)
+            room = boot_room(utilization, self.meminfo) if utilization is not None else None
+            if self._before_last is not None or (room is not None and room.short):
+                done = settle_memory(self._before_last or 0, timeout_s=self.timeout_s, meminfo=self.meminfo,
+                                     drop=self.drop, utilization=utilization, **kw)
             self._before_last = mem_available(self.meminfo)
             return done
