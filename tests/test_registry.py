@@ -11,6 +11,8 @@ failure. What is checked is what the engine was asked to create, read back from 
 from __future__ import annotations
 
 import io
+import json
+import platform
 import secrets
 import socket
 import subprocess
@@ -259,6 +261,82 @@ def test_a_registry_that_does_not_answer_is_one_error_before_any_cell(engine, re
     run_dir = tmp_path / "results" / "reggone"
     assert not ResultsDir(run_dir).runs()
     assert engine.containers.list(all=True, filters={"label": f"{LABEL}.run=reggone"}) == []
+
+
+def two_image_matrix(tmp_path: Path, refs: dict[str, str]) -> Path:
+    """One model and load format, one cell per image of `refs` (name -> ref, pulled if missing)."""
+    f = config_file(tmp_path, "unused", "if-missing", repeats=2)
+    data = yaml.safe_load(f.read_text())
+    data["images"] = [{"name": name, "ref": ref, "pull": "if-missing"} for name, ref in refs.items()]
+    f.write_text(yaml.safe_dump(data))
+    return f
+
+
+def run_cells(tmp_path: Path, config: Path, run_id: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = subprocess.run([sys.executable, "-m", "bench", "run", str(config), "--results", str(tmp_path / "results"),
+                          "--run-id", run_id], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    summary = tmp_path / "results" / run_id / "summary.json"
+    cells = {c["image"]: c for c in json.loads(summary.read_text())["cells"]} if summary.exists() else {}
+    return out, cells
+
+
+def test_a_tag_not_published_is_not_runnable_and_the_other_images_still_run(engine, registry, builds, tmp_path):
+    """An RC tag announced before it is pushed: the registry's 404, through the real engine, makes
+    that image's cells not runnable in the registry's words; the other image's cells run (here its
+    tiny container exits at once: boot_failed, as every test of this file expects)."""
+    good, absent = f"{registry.host}/{REPO}:v1", f"{registry.host}/{REPO}:v2rc1"
+    push(engine, builds[0], good)
+    untag(engine, good)
+    out, cells = run_cells(tmp_path, two_image_matrix(tmp_path, {"good": good, "rc": absent}), "regrc")
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said  # the good image's boot failures, nothing else
+    assert "before any cell" not in said
+    assert (cells["rc"]["verdict"], cells["rc"]["runs"], cells["rc"]["reasons"]) == (
+        "not runnable", 0, {"not_runnable": 1}), cells["rc"]
+    assert cells["good"]["verdict"] == "fail" and "boot_failed" in cells["good"]["reasons"], cells["good"]
+    runs = ResultsDir(tmp_path / "results" / "regrc").runs()
+    [rc_run] = [r for r in runs if r.cell_id == cells["rc"]["cell_id"]]  # said once, no second repeat
+    assert rc_run.server.start_error is not None
+    assert rc_run.server.start_error.startswith(f"not runnable on this host: image {absent} is not published")
+    assert "manifest unknown" in rc_run.server.start_error  # the registry's own words
+    assert len([r for r in runs if r.cell_id == cells["good"]["cell_id"]]) == 2
+
+
+def index_without(registry: Registry, engine: docker.DockerClient, image_id: str, arch: str) -> str:
+    """A real image index in the registry whose only entry is for `arch` (not this host's): the
+    build is pushed, then an index (Docker's manifest list media type, as multi-arch tags are
+    published) naming its manifest for that platform is put under its own tag."""
+    source = f"{registry.host}/{REPO}:src"
+    push(engine, image_id, source)
+    v2, listed = ("application/vnd.docker.distribution.manifest.v2+json",
+                  "application/vnd.docker.distribution.manifest.list.v2+json")
+    got = requests.get(f"http://{registry.host}/v2/{REPO}/manifests/src", headers={"Accept": v2}, timeout=30)
+    got.raise_for_status()
+    index = {"schemaVersion": 2, "mediaType": listed, "manifests": [
+        {"mediaType": v2, "size": len(got.content), "digest": got.headers["Docker-Content-Digest"],
+         "platform": {"architecture": arch, "os": "linux"}}]}
+    put = requests.put(f"http://{registry.host}/v2/{REPO}/manifests/{arch}-only", data=json.dumps(index),
+                       headers={"Content-Type": listed}, timeout=30)
+    assert put.status_code == 201, put.text
+    untag(engine, source)
+    return f"{registry.host}/{REPO}:{arch}-only"
+
+
+def test_an_index_without_this_hosts_platform_is_not_runnable_named(engine, registry, builds, tmp_path):
+    """The Spark/Thor case (arm64 hosts, a tag published for amd64 only), here the other way
+    round: the engine's own refusal of the index, and nothing else runnable: exit 2."""
+    other = "arm64" if platform.machine() in ("x86_64", "amd64") else "amd64"
+    ref = index_without(registry, engine, builds[0], other)
+    out, cells = run_cells(tmp_path, two_image_matrix(tmp_path, {"other": ref}), "regarch")
+    said = out.stdout + out.stderr
+    assert out.returncode == 2, said
+    assert "other" in cells, said
+    assert (cells["other"]["verdict"], cells["other"]["runs"]) == ("not runnable", 0), cells["other"]
+    [run] = ResultsDir(tmp_path / "results" / "regarch").runs()
+    assert run.server.start_error is not None and "has no build for this host's platform (linux/" in run.server.start_error
+    assert "no matching manifest" in run.server.start_error
+    assert "NO CELL RUNNABLE ON THIS HOST" in (tmp_path / "results" / "regarch" / "summary.md").read_text()
+    assert engine.containers.list(all=True, filters={"label": f"{LABEL}.run=regarch"}) == []
 
 
 def test_an_absent_image_under_pull_never_is_said_before_any_cell(engine, tmp_path):

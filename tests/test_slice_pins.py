@@ -100,8 +100,19 @@ def test_slices_given_the_planned_pins_run_one_build_after_the_tag_moved(engine,
     assert len(merged.runs()) == 2
 
 
-def test_a_tag_the_registry_does_not_know_is_said_and_no_pin_printed(engine, registry, tmp_path):
+def test_a_tag_the_registry_does_not_know_is_said_and_left_as_it_is(engine, registry, tmp_path):
+    # An RC tag announced before it is pushed: every slice says its cells are not runnable, and
+    # one such tag must not end the night's other images (the plan exits 0).
     ref = f"{registry.host}/{REPO}:never-pushed"
+    planned = regbench("plan", str(matrix(tmp_path, ref)), "--format", "pins")
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert planned.stdout.split() == [f"nightly={ref}"]
+    assert f"{ref} not pinned: the registry has no such tag" in planned.stderr, planned.stderr
+
+
+def test_a_registry_that_does_not_answer_prints_no_pin(engine, registry, tmp_path):
+    ref = f"{registry.host}/{REPO}:nightly"
+    registry.stop()
     planned = regbench("plan", str(matrix(tmp_path, ref)), "--format", "pins")
     assert planned.returncode == 2, planned.stdout + planned.stderr
     assert planned.stdout == ""

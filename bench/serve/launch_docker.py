@@ -24,9 +24,11 @@ called by the runner's ``prepare``): the pull policy is applied once per image, 
 container of the run (the pre-flight audit's, the fingerprint's, every repeat's server) is
 created from the image's digest, ``repo@sha256:...``, or its image id when it exists only here
 with no registry digest. A tag that moves mid-run changes nothing for later repeats; a resumed
-run is pinned to what its fingerprint recorded. An image that cannot be had is one
-ImageUnavailable (a ConfigError: exit 2) before any cell, naming each ref and the registry's
-answer, not a boot failure per repeat.
+run is pinned to what its fingerprint recorded. An image whose registry cannot be asked (down,
+credentials refused) is one ImageUnavailable (a ConfigError: exit 2) before any cell, naming each
+ref and the answer, not a boot failure per repeat; an image the registry has no build of for this
+host (a tag not published, an index without this host's platform) makes its own cells not
+runnable, in the registry's words, and the rest of the matrix runs.
 """
 
 from __future__ import annotations
@@ -82,8 +84,35 @@ class DockerUnavailable(LauncherUnavailable):
 
 
 class ImageUnavailable(ConfigError):
-    """Images that cannot be had before the cells (a pull the registry refused or could not
-    answer, an image absent under `pull: never`): the message names each ref and the answer."""
+    """Images that cannot be had before the cells (a registry that could not answer or refused
+    the credentials, an image absent under `pull: never`): the message names each ref and the
+    answer."""
+
+
+class ImageNotHere(Exception):
+    """An image the registry has no build of for this host: its tag is not published (an RC tag
+    announced before it is pushed), or its index has no manifest for this host's platform (an
+    amd64-only tag on DGX Spark or Jetson Thor). Its cells are not runnable; the others run. The
+    message starts with bench.core.verdicts.NOT_RUNNABLE and quotes the registry."""
+
+
+# The engine's answers, as Docker 20.10 and later word them for a registry's 404 on a tag
+# ("manifest for REPO:TAG not found: manifest unknown: manifest unknown") and for an index without
+# the platform asked ("no matching manifest for linux/arm64/v8 in the manifest list entries").
+_NO_TAG = re.compile(r"manifest for \S+ not found|manifest unknown")
+_NO_PLATFORM = re.compile(r"no matching manifest for (\S+)")
+
+
+def not_here(ref: str, said: str) -> str | None:
+    """A pull's failure as a not-runnable reason when it means this host can have no build of
+    the image (pure); None for any other failure (the registry down, credentials refused)."""
+    platform = _NO_PLATFORM.search(said)
+    if platform is not None:
+        return (f"{NOT_RUNNABLE}: image {ref} has no build for this host's platform ({platform.group(1)}); "
+                f"the registry's index lists others only: {said}")
+    if _NO_TAG.search(said):
+        return f"{NOT_RUNNABLE}: image {ref} is not published (the registry has no such tag): {said}"
+    return None
 
 
 def client() -> docker.DockerClient:
@@ -283,18 +312,31 @@ def labels(run_id: str, cell_id: str, repeat: int | None) -> dict[str, str]:
     return out
 
 
+def pull(c: docker.DockerClient, ref: str) -> DockerImage:
+    """Pulls `ref` and returns the image; raises APIError with the engine's own words. The SDK's
+    images.pull drops an error the engine sends inside the pull's stream (an index without this
+    host's platform: "no matching manifest for linux/arm64/v8 in the manifest list entries") and
+    then fails on "No such image"."""
+    repo, tag = parse_repository_tag(ref)
+    for line in c.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+        if isinstance(line, dict) and line.get("error"):
+            said = str(line.get("errorDetail", {}).get("message") or line["error"])
+            raise docker.errors.APIError(said, explanation=said)
+    return c.images.get(ref)
+
+
 def ensure_image(c: docker.DockerClient, image: Image) -> DockerImage:
     """Applies the pull policy; raises StartError when the image cannot be had."""
     assert image.ref is not None
     try:
         if image.pull == "always":
-            return c.images.pull(image.ref)
+            return pull(c, image.ref)
         try:
             return c.images.get(image.ref)
         except docker.errors.ImageNotFound:
             if image.pull == "never":
                 raise StartError(f"image {image.ref} is not present and pull is 'never'") from None
-            return c.images.pull(image.ref)
+            return pull(c, image.ref)
     except docker.errors.APIError as exc:
         raise StartError(f"image {image.ref}: {exc.explanation or exc}") from None
 
@@ -348,23 +390,25 @@ def resolve(c: docker.DockerClient, image: Image, earlier: str | None = None) ->
                     raise ImageUnavailable(
                         f"image {ref}: this run was pinned to {earlier}, which is not present here "
                         f"(pull: {image.pull})") from None
-                img, pulled = c.images.pull(earlier), True
+                img, pulled = pull(c, earlier), True
             pin = earlier
             _, digest = pin_of(img, ref)
             digest = earlier if "@" in earlier else digest
             return Resolved(ref, pin, str(img.id), digest, pulled)
         if image.pull == "always":
-            img, pulled = c.images.pull(ref), True
+            img, pulled = pull(c, ref), True
         else:
             try:
                 img = c.images.get(ref)
             except docker.errors.ImageNotFound:
                 if image.pull == "never":
                     raise ImageUnavailable(f"image {ref} is not present here and its pull policy is 'never'") from None
-                img, pulled = c.images.pull(ref), True
+                img, pulled = pull(c, ref), True
     except docker.errors.APIError as exc:
-        raise ImageUnavailable(f"image {ref}: {'pull' if image.pull != 'never' else 'lookup'} failed: "
-                               f"{str(exc.explanation or exc).strip()}") from None
+        said = str(exc.explanation or exc).strip()
+        if image.pull != "never" and (reason := not_here(ref, said)) is not None:
+            raise ImageNotHere(reason) from None
+        raise ImageUnavailable(f"image {ref}: {'pull' if image.pull != 'never' else 'lookup'} failed: {said}") from None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
         raise ImageUnavailable(f"image {ref}: the Docker engine did not answer: {exc}") from None
     pin, digest = pin_of(img, ref)
@@ -525,6 +569,7 @@ class DockerLauncher:
         self.host_env = dict(os.environ if host_env is None else host_env)
         self.redactor = redactor_for(config.server.env_passthrough, self.host_env)
         self.pins: dict[tuple[str, str | None], Resolved] = {}  # (image name, ref) -> resolved once
+        self.not_here: dict[tuple[str, str | None], str] = {}  # (image name, ref) -> why no build is here
         self._resolving = threading.Lock()
         self._runnable: dict[str, str | None] = {}  # pin -> why it cannot run here (None: it can)
 
@@ -532,7 +577,8 @@ class DockerLauncher:
         """Each image resolved once for the run, before the cells (`earlier`: image name -> the
         pin a resumed run recorded). Returns each image as pinned (`ref` the pin, `pull: never`)
         for what runs its own containers (the pre-flight audit). Raises one ImageUnavailable
-        naming every image that cannot be had."""
+        naming every image that cannot be had. An image the registry has no build of for this
+        host (ImageNotHere) is left out: its cells are not runnable, each saying why."""
         earlier = earlier or {}
         pinned, failures = {}, []
         for image in images:
@@ -543,6 +589,8 @@ class DockerLauncher:
             except ImageUnavailable as exc:
                 failures.append(str(exc))
                 continue
+            except ImageNotHere:
+                continue
             pinned[image.name] = image.model_copy(update={"ref": r.pin, "pull": "never"})
         if failures:
             raise ImageUnavailable("; ".join(failures) + " (before any cell: nothing was run)")
@@ -551,8 +599,14 @@ class DockerLauncher:
     def _resolved(self, image: Image, earlier: str | None = None) -> Resolved:
         with self._resolving:  # workers start servers at once: one pull, one pin
             key = (matrix_image(image.name), image.ref)
+            if key in self.not_here:
+                raise ImageNotHere(self.not_here[key])
             if key not in self.pins:
-                self.pins[key] = resolve(self.docker, image, earlier)
+                try:
+                    self.pins[key] = resolve(self.docker, image, earlier)
+                except ImageNotHere as exc:
+                    self.not_here[key] = str(exc)
+                    raise
             return self.pins[key]
 
     @functools.cached_property
@@ -588,7 +642,7 @@ class DockerLauncher:
             # The run's pin (resolved before the cells; here only for a server asked for without).
             try:
                 pin = self._resolved(cell.image).pin
-            except ImageUnavailable as exc:
+            except (ImageUnavailable, ImageNotHere) as exc:
                 raise StartError(str(exc)) from None
             reason = self.not_runnable(pin, cell.image.ref or pin) or knob_not_runnable(
                 cell, host_cpu_flags(), host_cpu())  # a container runs on this host's CPU
@@ -605,7 +659,10 @@ class DockerLauncher:
         host = dict(image=image.name, cpu=host_cpu(), gpu=host_gpu())
         container = None
         try:
-            r = self._resolved(image)
+            try:
+                r = self._resolved(image)
+            except ImageNotHere as exc:
+                return Fingerprint(**host, error=str(exc))  # said here once, and by each run
             host.update(image_ref=image.ref, image_id=r.image_id, image_digest=r.digest, image_pin=r.pin)
             reason = self.not_runnable(r.pin, image.ref or r.pin)
             if reason is not None:

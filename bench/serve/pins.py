@@ -18,15 +18,15 @@ import requests.exceptions
 from docker.utils import parse_repository_tag
 
 from bench.core.config import Image
-from bench.serve.launch_docker import ImageUnavailable
+from bench.serve.launch_docker import ImageUnavailable, not_here
 
 
 def registry_pins(images: Iterable[Image], engine: Callable[[], docker.DockerClient]) -> tuple[dict[str, str], list[str]]:
     """(image name -> the reference every slice is to run, notes): the registry's digest of each
     tag; a reference that is a digest already as it is; an image under `pull: never` as it is,
-    with a note (each host runs its own copy, which no registry can name). `engine` is called
-    only when a tag is to be asked for. Raises one ImageUnavailable naming every tag the registry
-    did not resolve."""
+    with a note (each host runs its own copy, which no registry can name), and so is a tag the
+    registry does not have, with a note. `engine` is called only when a tag is to be asked for.
+    Raises one ImageUnavailable naming every tag the registry could not be asked about."""
     c: docker.DockerClient | None = None
     pins: dict[str, str] = {}
     notes, failures = [], []
@@ -46,7 +46,15 @@ def registry_pins(images: Iterable[Image], engine: Callable[[], docker.DockerCli
         try:
             digest = c.images.get_registry_data(ref).id
         except docker.errors.APIError as exc:
-            failures.append(f"image {ref}: the registry did not resolve it: {str(exc.explanation or exc).strip()}")
+            said = str(exc.explanation or exc).strip()
+            if not_here(ref, said) is not None:
+                # Not published (yet): left as it is, every slice says its cells are not runnable,
+                # and the other images still run (one RC tag must not end a night).
+                pins[image.name] = ref
+                notes.append(f"image {image.name}: {ref} not pinned: the registry has no such tag ({said}); "
+                             "its cells will be not runnable")
+                continue
+            failures.append(f"image {ref}: the registry did not resolve it: {said}")
             continue
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             failures.append(f"image {ref}: the Docker engine did not answer: {exc}")
