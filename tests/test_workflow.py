@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.core.config import with_image_refs
 from bench.core.matrix import expand
 from bench.core.slicing import github_matrix
 from bench.store.matrixfile import load_config
@@ -223,7 +224,7 @@ def test_a_gpu_slice_has_a_concurrency_group_of_its_platform_and_shard_and_is_ne
     assert len(groups) == len(entries) == 2
 
 
-DOCKER = re.compile(r"(^|[\s;|&(])(docker|\.venv/bin/regbench (run|clean))\s", re.M)
+DOCKER = re.compile(r"(^|[\s;|&(])(docker\s|\.venv/bin/regbench (run|clean)\s|\.venv/bin/regbench plan .*--format pins)", re.M)
 
 
 def test_every_job_that_talks_to_docker_has_a_client_config_of_its_own():
@@ -242,8 +243,102 @@ def test_every_job_that_talks_to_docker_has_a_client_config_of_its_own():
         assert sets and sets[0] < first, (f, name)
         assert 'mkdir -p "$RUNNER_TEMP/docker-config"' in steps[sets[0]]["run"]
         assert "DOCKER_CONFIG" not in job.get("env", {})  # runner.temp is not there at job level
-    assert using == [("qualify.yml", "run")]
+    assert using == [("qualify.yml", "plan"), ("qualify.yml", "run")]
     assert DOCKER.search("x\ndocker login -u u") and not DOCKER.search(".venv/bin/regbench plan c")
+    assert DOCKER.search('p=$(.venv/bin/regbench plan "$CONFIG" --format pins)')
+
+
+def _step_index(steps: list[dict], text: str) -> int:
+    (i,) = [i for i, s in enumerate(steps) if text in s.get("run", "")]
+    return i
+
+
+def _pins_and_slice_scripts() -> tuple[str, str]:
+    """The plan job's pins step and the slice step, once checked that they are wired together."""
+    flow = yaml.safe_load(WORKFLOW.read_text())
+    plan, run = flow["jobs"]["plan"], flow["jobs"]["run"]
+    assert plan["outputs"]["pins"] == "${{ steps.pins.outputs.pins }}"
+    assert {k: plan["env"][k] for k in ("REGISTRY", "REGISTRY_USERNAME")} == \
+        {k: run["env"][k] for k in ("REGISTRY", "REGISTRY_USERNAME")}
+    steps = plan["steps"]
+    (pins,) = [s for s in steps if s.get("id") == "pins"]
+    assert '.venv/bin/regbench plan "$CONFIG" "${args[@]}" --format pins' in pins["run"]
+    assert 'for pair in $IMAGES; do args+=(--image "$pair"); done' in pins["run"]
+    config_dir = _step_index(steps, 'echo "DOCKER_CONFIG=$RUNNER_TEMP/docker-config" >> "$GITHUB_ENV"')
+    login = _step_index(steps, "docker login")
+    logout = _step_index(steps, "docker logout")
+    assert config_dir < login < steps.index(pins) < logout
+    # The plan job logs in and out as the slice job does, with the same secret on stdin.
+    for i, j in ((login, _step_index(run["steps"], "docker login")), (logout, _step_index(run["steps"], "docker logout"))):
+        assert {k: steps[i].get(k) for k in ("if", "env", "run")} == {k: run["steps"][j].get(k) for k in ("if", "env", "run")}
+    assert steps[login]["env"] == {"REGISTRY_PASSWORD": "${{ secrets.REGISTRY_PASSWORD }}"}
+    # The slice: the pins through the environment, after the inputs' tags.
+    (slice_,) = [s for s in run["steps"] if "regbench run" in s.get("run", "")]
+    assert slice_["env"]["PINS"] == "${{ needs.plan.outputs.pins }}"
+    assert slice_["env"]["PIN_COUNT"] == "${{ needs.plan.outputs.pin_count }}"
+    assert plan["outputs"]["pin_count"] == "${{ steps.pins.outputs.count }}"
+    return pins["run"], slice_["run"]
+
+
+def test_every_slice_runs_the_builds_the_plan_job_resolved_once():
+    """Slices started hours apart would each resolve a moving tag themselves and could run two
+    builds, which `regbench merge` refuses. The plan job, logged in to the registry as a slice
+    job is, resolves every tag once (`regbench plan --format pins`) and each slice passes those
+    pins as --image after the workflow's own image input, so that the pins win."""
+    _pins_and_slice_scripts()
+
+
+# A stand-in for the venv's regbench: `plan --format pins` prints $PLANNED (the shape of
+# bench/commands/plan.py's line), anything else records its arguments, one a line, in $ARGV.
+STUB = """#!/bin/sh
+case "$*" in *"--format pins"*) echo "$PLANNED"; exit 0;; esac
+printf '%s\\n' "$@" > "$ARGV"
+"""
+
+
+def _bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    # As GitHub runs a `run:` step on Linux: bash -e.
+    return subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_the_slices_get_the_plan_jobs_pins_and_refuse_to_start_without_them(tmp_path):
+    """The pins step's output, through the job outputs, into the slice step: `regbench run` gets
+    each pin as the last --image of its name, so it runs that build whatever the image input
+    said. An output GitHub dropped (it held a secret's value) stops the slice, loudly."""
+    pins_script, slice_script = _pins_and_slice_scripts()
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    stub = tmp_path / ".venv" / "bin" / "regbench"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    digest = "sha256:" + "a" * 64
+    planned = f"v0.18.2=vllm/vllm-openai@{digest} cu130-nightly=vllm/vllm-openai@{digest}"
+    images = "cu130-nightly=vllm/vllm-openai:cu130-nightly"
+    output = tmp_path / "output"
+    done = _bash(pins_script, tmp_path, {"CONFIG": "configs/h200.yaml", "IMAGES": images, "PLANNED": planned,
+                                         "GITHUB_OUTPUT": str(output)})
+    assert done.returncode == 0, done.stderr
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    assert outputs == {"pins": planned, "count": "2"}
+    argv = tmp_path / "argv"
+    env = {"CONFIG": "configs/h200.yaml", "IMAGES": images, "PLATFORM": "h200", "SHARD": "1/1", "RUN_ID": "r",
+           "ARGV": str(argv)}
+    done = _bash(slice_script, tmp_path, {**env, "PINS": outputs["pins"], "PIN_COUNT": outputs["count"]})
+    assert done.returncode == 0, done.stderr
+    from bench.cli import parser
+
+    args = parser().parse_args(argv.read_text().splitlines())
+    assert args.image == [images, *planned.split()]
+    refs = {i.name: i.ref for i in with_image_refs(load_config(ROOT / "configs" / "h200.yaml"), args.image).images}
+    assert refs == {"v0.18.2": f"vllm/vllm-openai@{digest}", "cu130-nightly": f"vllm/vllm-openai@{digest}",
+                    "v0.23.1rc1-nightly": "vllm/vllm-openai:v0.23.1rc1"}
+    # A matrix of digests only: no pins, and the slice starts.
+    argv.unlink()
+    assert _bash(slice_script, tmp_path, {**env, "PINS": "", "PIN_COUNT": "0"}).returncode == 0 and argv.exists()
+    # GitHub skipped the output: `needs.plan.outputs.pins` reads empty, the count does not.
+    argv.unlink()
+    done = _bash(slice_script, tmp_path, {**env, "PINS": "", "PIN_COUNT": "2"})
+    assert done.returncode == 2 and "pins did not arrive (0 of 2)" in done.stdout and not argv.exists()
 
 
 ZIZMOR = ROOT / ".venv" / "bin" / "zizmor"
