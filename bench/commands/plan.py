@@ -10,8 +10,6 @@ from bench.core.matrix import Cell, expand, expected_times
 from bench.core.slicing import github_matrix
 from bench.core.stats import detection_probability, percent_range, repeats_needed, wilson_interval
 from bench.runner import check_devices
-from bench.serve.launch_docker import client
-from bench.serve.pins import registry_pins
 from bench.store.matrixfile import load_config
 
 
@@ -40,6 +38,10 @@ def main(args: argparse.Namespace) -> int:
         print(github_matrix(config, cells, args.shards))
         return 0
     if args.format == "pins":
+        # Here, not at the top: the docker SDK is imported only where an engine is asked.
+        from bench.serve.launch_docker import client
+        from bench.serve.pins import registry_pins
+
         pins, notes = registry_pins(config.images, client)
         for note in notes:
             err.print(note, highlight=False)
