@@ -466,8 +466,10 @@ def run_matrix(
     data = results.load(config)
     # The plan first, before anything can fail: what this run set out to do (a resumed run, what
     # its first invocation did too), whatever becomes of it.
-    planned = [*data.plan.cells, *(c.id for c in cells if c.id not in data.plan.cells)] \
-        if (results.path / "plan.json").exists() else [c.id for c in cells]
+    resumed = (results.path / "plan.json").exists()
+    planned = [*data.plan.cells, *(c.id for c in cells if c.id not in data.plan.cells)] if resumed else [c.id for c in cells]
+    if resumed:
+        started = data.plan.started_at  # a resumed run is dated from its first start: summary, report, history
     results.write_plan(plan_for(results.path.name, config, cells, started).model_copy(update={"cells": planned}))
     # Hub ids to snapshot folders of the hub cache, once, before the pre-flight and any server
     # (a HubError, a ConfigError, when one cannot be had).

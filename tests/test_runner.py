@@ -69,6 +69,20 @@ def test_resume_runs_only_what_is_not_done(tmp_path, minimal):
     assert summary.cells[0].runs == 3 and len(again.requests()) == 3
 
 
+def test_a_resumed_run_keeps_the_time_it_started(tmp_path, minimal):
+    # `regbench run --resume` of a finished (or killed) run: its summary, report and history entry
+    # still date it from its first start, not from the resume's.
+    cfg = config(minimal, repeats=2)
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    first = run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"] * 2)).summary
+    again = ResultsDir(results.path)
+    done = again.prepare_resume()
+    launcher = ScriptedLauncher(["ok"] * 2)
+    summary = run_matrix(cfg, expand(cfg), again, launcher=launcher, done=frozenset(done)).summary
+    assert launcher.started == []
+    assert summary.started_at == first.started_at and summary.finished_at >= first.finished_at
+
+
 class Recorded:
     def __init__(self):
         self.done = []
