@@ -665,6 +665,7 @@ class Detect(Strict):
     rate: float = Field(gt=0, le=1, description="the failure rate to see, per fresh server")
     confidence: float = Field(default=0.95, gt=0, lt=1, description="the probability of seeing it at least once")
 
+
 class Budget(Strict):
     """The wall time one platform's share of the matrix may take on one host (a CI job's time
     limit), and what a fresh server is assumed to cost there: `regbench plan` states the expected
@@ -680,7 +681,6 @@ class Budget(Strict):
                                              "stop, and on unified memory the wait for memory to come back")
     setup_minutes: float = Field(default=0.0, ge=0, le=1440,
                                  description="assumed minutes once per run: image pulls, hub fetch, pre-flight")
-
 
 
 class Knob(Strict):
