@@ -201,17 +201,24 @@ def test_a_real_meminfo_layout_is_read_in_bytes():
     assert room is not None and room.short and room.needed_bytes == int(0.7 * 127600748 * 1024)
 
 
-def test_a_server_vllm_would_refuse_for_memory_is_not_started_and_is_not_runnable(tmp_path, minimal, monkeypatch):
-    # GB10 as vLLM 0.24.0 found it when it refused to start (MemAvailable 56.3 GiB, 32 GiB of it
-    # page cache), and the 0.7 of configs/dgx-spark.yaml: 85.2 GiB asked for. Without the check
-    # the bench would start the server, and vLLM's refusal would read as a boot failure.
-    monkeypatch.setenv("REGBENCH_MEMINFO", str(MEMINFO / "gb10-refused"))
+def _run_unified_with(meminfo: str, tmp_path, minimal, monkeypatch):
+    """One run of a unified-memory cell at --gpu-memory-utilization 0.7 on a host whose
+    /proc/meminfo is `meminfo` (tests/data/meminfo), no settling wait."""
+    monkeypatch.setenv("REGBENCH_MEMINFO", str(MEMINFO / meminfo))
     monkeypatch.setenv("REGBENCH_SETTLE_TIMEOUT_S", "0")
     cfg = parse_config(unified_matrix(minimal, "0.7"))
     results = ResultsDir.create(tmp_path, "r", cfg)
     launcher = ScriptedLauncher(["ok"])
     summary = run_matrix(cfg, expand(cfg), results, launcher=launcher).summary
     (run,) = results.runs()
+    return results, launcher, summary, run
+
+
+def test_a_server_vllm_would_refuse_for_memory_is_not_started_and_is_not_runnable(tmp_path, minimal, monkeypatch):
+    # GB10 as vLLM 0.24.0 found it when it refused to start (MemAvailable 56.3 GiB, 32 GiB of it
+    # page cache), and the 0.7 of configs/dgx-spark.yaml: 85.2 GiB asked for. Without the check
+    # the bench would start the server, and vLLM's refusal would read as a boot failure.
+    results, launcher, summary, run = _run_unified_with("gb10-refused", tmp_path, minimal, monkeypatch)
     assert launcher.requests == 0 and run.server.boot_s is None
     error = run.server.start_error or ""
     assert error.startswith(NOT_RUNNABLE) and "MemAvailable" in error and "56.3 GiB" in error
@@ -224,13 +231,7 @@ def test_a_server_vllm_would_refuse_for_memory_is_not_started_and_is_not_runnabl
 def test_page_cache_that_vllm_counts_as_free_does_not_hold_a_boot_back(tmp_path, minimal, monkeypatch):
     # 80 GiB of page cache: MemFree (26.5 GiB) is short of the 85.2 GiB, MemAvailable (110 GiB),
     # which vLLM reads on an integrated GPU, is not: the server starts.
-    monkeypatch.setenv("REGBENCH_MEMINFO", str(MEMINFO / "gb10-page-cache"))
-    monkeypatch.setenv("REGBENCH_SETTLE_TIMEOUT_S", "0")
-    cfg = parse_config(unified_matrix(minimal, "0.7"))
-    results = ResultsDir.create(tmp_path, "r", cfg)
-    launcher = ScriptedLauncher(["ok"])
-    summary = run_matrix(cfg, expand(cfg), results, launcher=launcher).summary
-    (run,) = results.runs()
+    _, launcher, summary, run = _run_unified_with("gb10-page-cache", tmp_path, minimal, monkeypatch)
     assert run.server.start_error is None and launcher.requests > 0
     assert summary.cells[0].verdict == "pass"
 
