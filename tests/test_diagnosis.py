@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.core.config import ConfigError
 from bench.core.contrast import contrast
 from bench.core.diagnosis import CellEvidence, Signature, diagnose_cell, load_signatures
 from bench.core.logfacts import log_facts
@@ -201,6 +202,20 @@ def test_every_shipped_signature_is_tested_here_and_a_users_own_replaces_a_shipp
     mine = {s.id: s for s in load_signatures(tmp_path)}
     assert mine["kv-cache-does-not-fit"].title == "ours" and len(mine) == len(SIGNATURES)
     assert isinstance(mine["kv-cache-does-not-fit"], Signature)
+
+
+def test_a_signature_naming_a_finding_the_taxonomy_lacks_fails_at_load_with_its_file_and_key(tmp_path):
+    # A typo used to load and never match: the signature silently explained nothing.
+    (tmp_path / "typo.yaml").write_text(
+        "id: typo\ntitle: t\nrequire: [{reason: [tool_call_invlaid]}]\nexplanation: x\nfixes: [y]\n")
+    with pytest.raises(ConfigError) as refused:
+        load_signatures(tmp_path)
+    said = str(refused.value)
+    assert str(tmp_path / "typo.yaml") in said and "require.0.reason.0" in said and "tool_call_invlaid" in said
+    (tmp_path / "typo.yaml").write_text(
+        "id: typo\ntitle: t\nrequire: [{without_reason: [divergance]}]\nexplanation: x\nfixes: [y]\n")
+    with pytest.raises(ConfigError, match="without_reason"):
+        load_signatures(tmp_path)
 
 
 def test_a_quantization_the_platform_lacks_matches_fp8_on_the_cpu_backend_not_a_kv_failure():

@@ -139,8 +139,10 @@ class CellEvidence(_Strict):
 class Condition(_Strict):
     """Exactly one of these keys."""
 
-    reason: list[str] | None = None  # the cell shows any of these finding reasons
-    without_reason: list[str] | None = None  # the cell shows none of these finding reasons
+    # Findings as the taxonomy names them: a reason it does not have fails the signature's load,
+    # naming its file and key, instead of a condition that never holds.
+    reason: list[Reason] | None = None  # the cell shows any of these finding reasons
+    without_reason: list[Reason] | None = None  # the cell shows none of these finding reasons
     knob: str | None = None  # the cell is this invariance knob's cell (`invariance`)
     # Its runs' answers of one repeated token id (`degenerate`) repeat this id.
     repeated_token: int | None = None
@@ -384,7 +386,7 @@ class Diagnosis(_Strict):
 
 
 def _condition_text(c: Condition) -> str:
-    key, value = next((k, v) for k, v in c.model_dump(exclude_none=True).items())
+    key, value = next((k, v) for k, v in c.model_dump(mode="json", exclude_none=True).items())
     return f"{key}: {value}"
 
 
