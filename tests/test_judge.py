@@ -201,6 +201,21 @@ def test_a_server_that_could_not_start_is_a_boot_failure():
     assert f.reason == Reason.BOOT_FAILED and "/x/python" in f.detail
 
 
+def test_not_runnable_is_what_the_launcher_recorded_not_read_from_its_words():
+    (f,) = judge_server(outcome(boot_s=None, start_error="GPUs 2,3 are not on this host", not_runnable=True,
+                                exit_code=None), "", "")
+    assert f.reason == Reason.NOT_RUNNABLE and "GPUs 2,3" in f.detail
+    # A message that happens to open with those words is still a boot failure once the field says so.
+    (f,) = judge_server(outcome(boot_s=None, start_error="not runnable on this host: a vLLM message",
+                                not_runnable=False, exit_code=None), "", "")
+    assert f.reason == Reason.BOOT_FAILED
+    # Records written before the field existed said it only in the message: read so.
+    legacy = ServerOutcome.model_validate_json(outcome(
+        boot_s=None, start_error="not runnable on this host: image x is linux/arm64", exit_code=None
+    ).model_dump_json(exclude={"not_runnable"}))
+    assert legacy.not_runnable is True
+
+
 def test_lost_weights_fail_a_cell_even_when_its_runs_pass(minimal):
     from bench.core.judge import apply_cell_checks
     from bench.core.records import PreflightRecord

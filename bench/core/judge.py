@@ -37,7 +37,6 @@ from bench.core.results import Results
 from bench.core.stats import verdict, wilson_interval
 from bench.core.tokens import EXACT, Comparator, Output, rank_in
 from bench.core.verdicts import (
-    NOT_RUNNABLE,
     CounterMismatch,
     EmptyText,
     ExitEpisode,
@@ -237,7 +236,7 @@ def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> li
             return [Finding(reason=Reason.PORT_TAKEN, evidence=ServerExit(
                 phase="boot", message=outcome.boot_error, log_tail=log_tail))]
         if outcome.start_error is not None:
-            reason = Reason.NOT_RUNNABLE if outcome.start_error.startswith(NOT_RUNNABLE) else Reason.BOOT_FAILED
+            reason = Reason.NOT_RUNNABLE if outcome.not_runnable else Reason.BOOT_FAILED
             return [Finding(reason=reason, evidence=ServerExit(phase="start", message=outcome.start_error))]
         if outcome.exited_early_code is not None:
             return [Finding(reason=Reason.BOOT_FAILED, evidence=ServerExit(

@@ -5,10 +5,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from bench.core.tokens import Output, TokenLogprobs
-from bench.core.verdicts import Finding, Reason, Verdict
+from bench.core.verdicts import NOT_RUNNABLE, Finding, Reason, Verdict
 
 __all__ = ["Finding", "Reason", "Verdict"]  # the verdict types, where every record type is
 
@@ -104,6 +104,7 @@ class ServerOutcome(Record):
     started_at: float
     boot_s: float | None = None  # None: never became healthy
     start_error: str | None = None  # the process could not even be started
+    not_runnable: bool = False  # not started: the cell cannot run on this host (bench.serve.errors.NotRunnable)
     boot_error: str | None = None
     port_taken_by: str | None = None  # another program answered on the server's port
     exited_early_code: int | None = None  # exit code if it died before we asked it to stop
@@ -117,6 +118,16 @@ class ServerOutcome(Record):
     peak_memory_bytes: int | None = None  # sampled while it ran (bench.serve.memory), until the stop
     peak_gpu_bytes: int | None = None  # where nvidia-smi exists
     memory_source: str | None = None  # how peak_memory_bytes was counted
+
+    @model_validator(mode="before")
+    @classmethod
+    def _said_only_in_its_message(cls, data: object) -> object:
+        # Results folders written before `not_runnable` was a field said it only in start_error's
+        # opening words: read so, they keep their verdicts.
+        if (isinstance(data, dict) and "not_runnable" not in data
+                and str(data.get("start_error") or "").startswith(NOT_RUNNABLE)):
+            return {**data, "not_runnable": True}
+        return data
 
 
 class ServerMetrics(Record):

@@ -9,6 +9,14 @@ class StartError(Exception):
     """The server could not even be started (no such interpreter, no such image ...)."""
 
 
+class NotRunnable(StartError):
+    """The cell cannot run on this host, so no server was started: its image's architecture or
+    CUDA requirement, a refusal of NVIDIA's container toolkit, a tag with no build for this host,
+    GPUs the host lacks, memory vLLM would refuse, a knob's CPU flag. Nothing is said of vLLM: the
+    judge names it not_runnable, never a failure. The message says why (it starts with
+    bench.core.verdicts.NOT_RUNNABLE, for people reading it)."""
+
+
 class BootError(Exception):
     """The server did not become healthy; the outcome says how."""
 

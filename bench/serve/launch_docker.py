@@ -59,7 +59,7 @@ from bench.core.stop import StopToken
 from bench.core.verdicts import NOT_RUNNABLE
 from bench.serve.cuda_require import Driver
 from bench.serve.cuda_require import unmet as cuda_unmet
-from bench.serve.errors import LauncherUnavailable, StartError
+from bench.serve.errors import LauncherUnavailable, NotRunnable, StartError
 from bench.serve.fingerprint import PROBE, host_cpu, host_cpu_flags, host_driver, host_gpu, parse_probe
 from bench.serve.launch import OVERLAY_ROOT, device_env, knob_not_runnable, serve_args, server_env
 from bench.serve.launchers import register
@@ -432,7 +432,10 @@ class Container:
             if created is not None:
                 _remove(created)
             said = str(exc.explanation or exc)
-            raise StartError(toolkit_refusal(ref, said) or f"cannot start a container of {ref}: {said}") from None
+            refused = toolkit_refusal(ref, said)
+            if refused is not None:
+                raise NotRunnable(refused) from None
+            raise StartError(f"cannot start a container of {ref}: {said}") from None
         self.container: DockerContainer = created
         self._log_thread = threading.Thread(target=self._stream_logs, daemon=True)
         self._log_thread.start()
@@ -642,12 +645,14 @@ class DockerLauncher:
             # The run's pin (resolved before the cells; here only for a server asked for without).
             try:
                 pin = self._resolved(cell.image).pin
-            except (ImageUnavailable, ImageNotHere) as exc:
+            except ImageUnavailable as exc:
                 raise StartError(str(exc)) from None
+            except ImageNotHere as exc:
+                raise NotRunnable(str(exc)) from None
             reason = self.not_runnable(pin, cell.image.ref or pin) or knob_not_runnable(
                 cell, host_cpu_flags(), host_cpu())  # a container runs on this host's CPU
             if reason is not None:
-                raise StartError(reason)
+                raise NotRunnable(reason)
             return Container(self.docker, pin, command, create, log_path, self.redactor)
 
         return Server(start, [cell.image.ref or "", *command], port, log_path,

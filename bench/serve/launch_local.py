@@ -25,7 +25,7 @@ from bench.core.matrix import Cell
 from bench.core.records import Devices, Fingerprint
 from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
-from bench.serve.errors import StartError
+from bench.serve.errors import NotRunnable, StartError
 from bench.serve.fingerprint import fingerprint, host_cpu, host_cpu_flags
 from bench.serve.launch import device_env, image_env, knob_not_runnable, serve_args, server_env
 from bench.serve.launchers import register
@@ -228,7 +228,7 @@ class LocalLauncher:
         def start() -> ProcessGroup:
             reason = knob_not_runnable(cell, host_cpu_flags(), host_cpu())
             if reason is not None:
-                raise StartError(reason)
+                raise NotRunnable(reason)
             # vLLM binds ZMQ ipc sockets in TMPDIR and a socket path may not exceed 107 bytes,
             # so the scratch space is a short path of its own, not a folder under the results.
             scratch = Path(tempfile.mkdtemp(prefix="regbench-"))

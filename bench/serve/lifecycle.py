@@ -19,7 +19,7 @@ import httpx
 
 from bench.core.records import Devices, ServerOutcome
 from bench.core.stop import Stopped, StopToken
-from bench.serve.errors import BootError, StartError
+from bench.serve.errors import BootError, NotRunnable, StartError
 from bench.serve.launch import HOST
 from bench.serve.memory import PeakSampler
 from bench.serve.protocols import Handle
@@ -82,7 +82,7 @@ class Server:
         try:
             self.handle = self._start_handle()
         except StartError as exc:
-            self._update(start_error=str(exc))
+            self._update(start_error=str(exc), not_runnable=isinstance(exc, NotRunnable))
             raise BootError(str(exc)) from None
         self._update(started_at=time.time(), image_id=self.handle.identity())
         self.sampler = PeakSampler(self.handle.memory).start()

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from bench.core.config import Config, ConfigError, Platform
 from bench.core.matrix import Cell
 from bench.core.verdicts import NOT_RUNNABLE
-from bench.serve.errors import StartError
+from bench.serve.errors import NotRunnable
 from bench.serve.lifecycle import Server
 
 
@@ -243,6 +243,6 @@ def not_runnable_server(reason: str, run_dir: Path) -> Server:
     """A server that is not started, for a run that cannot be had here: its outcome says why."""
 
     def refuse():
-        raise StartError(reason)
+        raise NotRunnable(reason)
 
     return Server(refuse, [], 0, run_dir / "server.log", 0, 0)
