@@ -113,6 +113,26 @@ def compare_flags(parser: argparse.ArgumentParser, what: str) -> None:
                         help="with --compare-mode logprobs: how many alternatives count (default: the config's)")
 
 
+class _JsonAlias(argparse.Action):
+    """`--json`, the spelling of `--format json` before it was one across the commands: still
+    read, so that scripts and CI written for it keep working, but no longer shown."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        err.print("regbench: --json is deprecated; use --format json", highlight=False, markup=False)
+        setattr(namespace, self.dest, "json")
+
+
+def format_flag(parser: argparse.ArgumentParser, choices: list[str], help: str) -> None:
+    """`--format`, the one spelling of machine-readable output on every command: `choices[0]` is
+    the human output and the default, `json` is always among them."""
+    assert "json" in choices
+    parser.add_argument("--format", choices=choices, default=choices[0], help=help)
+    parser.add_argument("--json", action=_JsonAlias, dest="format")
+
+
 def env_pairs(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -131,10 +151,10 @@ def name_list(value: str, flag: str, known: tuple[str, ...]) -> list[str]:
     return names
 
 
-def emit(report, as_json: bool, render) -> int:
-    """Prints an inspect or audit report; exit 1 when it found a problem, 2 when an audit could
-    not tell (the probe does not support the loader release)."""
-    if as_json:
+def emit(report, form: str, render) -> int:
+    """Prints an inspect or audit report in its `--format`; exit 1 when it found a problem, 2 when
+    an audit could not tell (the probe does not support the loader release)."""
+    if form == "json":
         print(report.model_dump_json(indent=2))
     else:
         for part in render(report):

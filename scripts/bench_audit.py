@@ -9,7 +9,7 @@ audit, and the whole audit's time to flag the canary.
    threads); B) `sha256sum` over the same files (one process, whole files); and prints the best
    throughput of each (MB/s, 10^6 bytes, counting the bytes each one hashed) and the ratio A/B.
    Target: >= 1.5 on 2 cores. Both read from the page cache.
-2. The whole audit of that checkpoint, what a user waits for: `regbench audit CKPT --json` run as
+2. The whole audit of that checkpoint, what a user waits for: `regbench audit CKPT --format json` run as
    a command, end to end (the bench's start-up, inspect, baseline, the probe importing torch and
    the streamer, streaming every order through every loader while hashing what arrives), with the
    default orders and loaders. Wall time, and where it went (from the report's own timings).
@@ -88,10 +88,10 @@ def sha256sum(files: list[Path]) -> tuple[float, int]:
 
 
 def regbench_audit(bench: Path, ckpt: Path, *options: str) -> tuple[float, int, dict]:
-    """`regbench audit CKPT --json OPTIONS` as a user runs it: wall time, exit code, the report."""
+    """`regbench audit CKPT --format json OPTIONS` as a user runs it: wall time, exit code, the report."""
     env = dict(os.environ, PYTHONPATH=str(bench))
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "bench", "audit", str(ckpt), "--json", *options],
+    done = subprocess.run([sys.executable, "-m", "bench", "audit", str(ckpt), "--format", "json", *options],
                           capture_output=True, text=True, env=env, cwd=bench)
     seconds = time.perf_counter() - started
     try:

@@ -304,7 +304,7 @@ def test_cli_audit_exit_codes_and_json(capsys):
     assert "✗ order=listing loader=streamer: 0/21 tensors delivered\n" in text
     listing = inspect_checkpoint(CANARY).stream_stops[1]
     assert f"\n    {listing.describe()}\n" in text
-    assert main(["audit", str(CANARY), "--pythonpath", *overlay("0.17.0"), "--loaders", "streamer", "--json",
+    assert main(["audit", str(CANARY), "--pythonpath", *overlay("0.17.0"), "--loaders", "streamer", "--format", "json",
                  "--env", "RUNAI_STREAMER_CONCURRENCY=2", "RUNAI_STREAMER_CHUNK_BYTESIZE=65536"]) == 0
     report = AuditReport.model_validate_json(capsys.readouterr().out)
     assert report.ok and [r.order for r in report.runs] == ALL_ORDERS

@@ -56,7 +56,7 @@ def audit_containers(engine, run_id: str | None = None) -> list:
 
 def cli_audit(*args: str) -> tuple[int, AuditReport]:
     out = subprocess.run([sys.executable, "-m", "bench", "audit", str(CANARY), "--loaders", "streamer",
-                          "--orders", "sorted,listing", "--json", *args],
+                          "--orders", "sorted,listing", "--format", "json", *args],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode in (0, 1), out.stderr
     return out.returncode, AuditReport.model_validate_json(out.stdout)

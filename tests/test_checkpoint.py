@@ -45,7 +45,7 @@ def test_canary_shards_listing_order_and_risk():
 
 @needs_canary
 def test_canary_cli_json_round_trips_and_exits_1(capsys):
-    assert main(["inspect", str(CANARY), "--json"]) == 1
+    assert main(["inspect", str(CANARY), "--format", "json"]) == 1
     report = CheckpointReport.model_validate_json(capsys.readouterr().out)
     assert report.tensor_count == 21 and not report.ok
 

@@ -121,9 +121,21 @@ def test_image_digest_changes_are_reported(tmp_path):
 
 def test_json_output(tmp_path, capsys):
     a, b = synth.healthy(tmp_path, "a"), synth.streamer_bug(tmp_path, "b")
-    assert main(["compare", "--json", str(a.path), str(b.path)]) == 1
+    assert main(["compare", "--format", "json", str(a.path), str(b.path)]) == 1
     data = json.loads(capsys.readouterr().out)
     assert [c["a_id"] for c in data["cells"] if c["regression"]] == [CELL]
+
+
+def test_json_the_old_spelling_prints_the_same_and_says_the_new_one(tmp_path, capsys):
+    """Scripts written for `compare --json` keep working: the same JSON and exit code, and one line
+    on stderr naming `--format json`."""
+    a, b = synth.healthy(tmp_path, "a"), synth.streamer_bug(tmp_path, "b")
+    assert main(["compare", str(a.path), str(b.path), "--format", "json"]) == 1
+    new = capsys.readouterr()
+    assert main(["compare", "--json", str(a.path), str(b.path)]) == 1
+    old = capsys.readouterr()
+    assert old.out == new.out and json.loads(old.out)["cells"]
+    assert new.err == "" and old.err == "regbench: --json is deprecated; use --format json\n"
 
 
 def test_usage_errors_are_exit_2(tmp_path, capsys):
@@ -151,7 +163,7 @@ def test_a_threshold_per_metric_sets_what_counts_as_slower(tmp_path, capsys):
     assert main(["compare", str(a.path), str(b.path)]) == 1
     assert "boot slower" in capsys.readouterr().out
     relaxed = [arg for m in ("boot_s", "latency_s", "throughput_tok_s", "tokens_per_s") for arg in ("--threshold", f"{m}=2")]
-    assert main(["compare", "--json", *relaxed, str(a.path), str(b.path)]) == 0
+    assert main(["compare", "--format", "json", *relaxed, str(a.path), str(b.path)]) == 0
     checks = [s for c in json.loads(capsys.readouterr().out)["cells"] for s in c["slowdowns"]]
     assert checks and {s["verdict"] for s in checks} == {"same"} and {s["threshold"] for s in checks} == {2.0}
 

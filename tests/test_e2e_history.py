@@ -101,7 +101,7 @@ def week(tmp_path_factory):
 
 def history_json(capsys, *args: str) -> dict:
     capsys.readouterr()
-    assert regbench(["history", *args, "--cell", CELL, "--json"]) == 0
+    assert regbench(["history", *args, "--cell", CELL, "--format", "json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 

@@ -97,7 +97,7 @@ def test_every_run_records_boot_phases_load_counters_and_memory(runs):
 
 def compare(a: Path, b: Path, capsys) -> tuple[int, dict]:
     capsys.readouterr()
-    code = main(["compare", str(a), str(b), "--json"])
+    code = main(["compare", str(a), str(b), "--format", "json"])
     return code, json.loads(capsys.readouterr().out)
 
 

@@ -280,7 +280,7 @@ def test_the_bug_report_of_the_smoke_run_reproduces_the_empty_completions(smoke_
 
 def test_the_smoke_run_recorded_itself_in_the_history(smoke_run):
     _, _, run_dir = smoke_run
-    p = regbench("history", "--results", str(run_dir.parent), "--cell", STREAMER_BUG, "--json")
+    p = regbench("history", "--results", str(run_dir.parent), "--cell", STREAMER_BUG, "--format", "json")
     output, _ = p.communicate(timeout=120)
     assert p.returncode == 0, output
     [cell] = json.loads(output)["cells"]

@@ -162,10 +162,12 @@ def test_history_names_the_first_failing_run_and_the_last_good_one(db, tmp_path,
     rc, out, _ = cli(capsys, "history", "ingest", str(fixed), str(good), str(bad), "--history", db)
     assert rc == 0 and out.count("ingested") == 3
 
-    rc, out, _ = cli(capsys, "history", "--history", db, "--json")
-    assert rc == 0
+    rc, out, said = cli(capsys, "history", "--history", db, "--format", "json")
+    assert rc == 0 and said == ""
     view = json.loads(out)
     assert view["schema_version"] == 2
+    # `--json`, the spelling before `--format json`: scripts written for it read the same view.
+    assert cli(capsys, "history", "--history", db, "--json") == (0, out, "regbench: --json is deprecated; use --format json")
     cells = {c["cell_id"]: c for c in view["cells"]}
     streamer = cells[STREAMER_CELL]
     assert [p["run_id"] for p in streamer["points"]] == ["c-nightly-1", "a-nightly-2", "b-nightly-3"]
@@ -225,7 +227,7 @@ def test_a_cell_failing_from_its_first_run_has_no_last_good_run(db, tmp_path, ca
     started(synth.streamer_bug(root, "run-2", failing=(1,)), 2_000_000)  # flaky: still broken
     rc, _, _ = cli(capsys, "history", "ingest", str(root / "run-1"), str(root / "run-2"), "--history", db)
     assert rc == 0
-    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--format", "json")
     (cell,) = json.loads(out)["cells"]
     assert [p["verdict"] for p in cell["points"]] == ["fail", "flaky"]
     assert cell["regressions"] == [{"first_bad": "run-1", "verdict": "fail", "last_good": None, "fixed_in": None,
@@ -265,7 +267,7 @@ def test_a_slowed_run_is_flagged_against_the_window_of_good_runs_and_a_normal_on
     finally:
         history.close()
 
-    rc, out, _ = cli(capsys, "history", "--history", db, "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--format", "json")
     assert rc == 0
     view = json.loads(out)
     assert view["window"] == 5
@@ -287,7 +289,7 @@ def test_a_slowed_run_is_flagged_against_the_window_of_good_runs_and_a_normal_on
     # A window of 2: the last two good nights only; and a night with two servers cannot be told.
     started(synth.timed(root, "night-7", slower=1.5, repeats=2), 7_000_000)
     rc, _, _ = cli(capsys, "history", "ingest", str(root / "night-7"), "--history", db)
-    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--window", "2", "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--window", "2", "--format", "json")
     (cell,) = json.loads(out)["cells"]
     assert {tuple(s["window"]) for s in cell["slowdowns"]} == {("night-3", "night-4")}
     assert {s["run_id"] for s in cell["slowdowns"]} == {"night-5"}
@@ -308,7 +310,7 @@ def test_a_threshold_above_the_slowdown_stops_flagging_that_metric_only(db, tmp_
     states any."""
     ingest_nights(db, tmp_path, capsys, 5)
 
-    rc, out, _ = cli(capsys, "history", "--history", db, "--threshold", "boot_s=1.6", "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--threshold", "boot_s=1.6", "--format", "json")
     assert rc == 0
     view = json.loads(out)
     assert view["thresholds"] == {**{name: m.threshold for name, m in METRICS.items()}, "boot_s": 1.6}
@@ -319,7 +321,7 @@ def test_a_threshold_above_the_slowdown_stops_flagging_that_metric_only(db, tmp_
         assert all(check["threshold"] == METRICS[m].threshold for (_, m), check in flagged.items())
     # The same history at the defaults flags boot too, and states no thresholds.
     for defaults in ([], ["--threshold", "boot_s=1.2"]):
-        rc, out, _ = cli(capsys, "history", "--history", db, *defaults, "--json")
+        rc, out, _ = cli(capsys, "history", "--history", db, *defaults, "--format", "json")
         view = json.loads(out)
         assert "thresholds" not in view
         assert {s["check"]["metric"] for c in view["cells"] for s in c["slowdowns"]} == set(TIMED)
@@ -444,7 +446,7 @@ def test_by_image_and_by_vllm_name_the_release_that_broke_the_cell(db, tmp_path,
     image and the last good one, and its bisect is the images axis between those two, on the bad
     run's own matrix, which holds both."""
     root = ingest_releases(db, tmp_path, capsys)
-    rc, out, _ = cli(capsys, "history", "--history", db, "--by", by, "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--by", by, "--format", "json")
     assert rc == 0
     view = json.loads(out)
     assert view["by"] == by
@@ -510,7 +512,7 @@ def test_by_time_is_the_view_it_always_was(db, tmp_path, capsys):
     """The default order: one history per cell id, by start time, and the JSON's points and breaks
     with exactly their old keys (the fields naming a point's image are for the other orders)."""
     ingest_releases(db, tmp_path, capsys)
-    rc, out, _ = cli(capsys, "history", "--history", db, "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--format", "json")
     view = json.loads(out)
     assert rc == 0 and view["by"] == "time"
     cells = {c["cell_id"]: c for c in view["cells"]}
@@ -529,7 +531,7 @@ def test_by_needs_a_known_order_and_cell_takes_a_series_or_any_of_its_cells(db, 
         regbench(["history", "--history", db, "--by", "digest"])
     assert exc.value.code == 2 and "invalid choice: 'digest'" in capsys.readouterr().err
     for name in (SERIES, "m__runai_streamer__cpu__vllm-0.9.0", "m__runai_streamer__cpu__vllm-0.32.0"):
-        rc, out, _ = cli(capsys, "history", "--history", db, "--by", "vllm", "--cell", name, "--json")
+        rc, out, _ = cli(capsys, "history", "--history", db, "--by", "vllm", "--cell", name, "--format", "json")
         (cell,) = json.loads(out)["cells"]
         assert rc == 0 and cell["cell_id"] == SERIES and len(cell["points"]) == 5
     rc, _, err = cli(capsys, "history", "--history", db, "--by", "image", "--cell", "m__nosuch__cpu__*")
@@ -545,13 +547,13 @@ def test_a_knob_cell_is_a_series_of_its_own(db, tmp_path, capsys):
             1_000_000)
     rc, _, _ = cli(capsys, "history", "ingest", str(root / "knobs"), "--history", db)
     assert rc == 0
-    rc, out, _ = cli(capsys, "history", "--history", db, "--by", "image", "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--by", "image", "--format", "json")
     series = {c["cell_id"]: [p["image"] for p in c["points"]] for c in json.loads(out)["cells"]}
     assert series == {"m__runai_streamer__cpu__*": ["vllm-0.9.0", "vllm-0.10.0"],
                       "m__safetensors__cpu__*": ["vllm-0.9.0", "vllm-0.10.0"],
                       "m__safetensors__cpu__*+serial": ["vllm-0.9.0+serial", "vllm-0.10.0+serial"]}
     rc, out, _ = cli(capsys, "history", "--history", db, "--by", "image", "--cell", "m__safetensors__cpu__vllm-0.9.0+serial",
-                     "--json")
+                     "--format", "json")
     assert [c["cell_id"] for c in json.loads(out)["cells"]] == ["m__safetensors__cpu__*+serial"]
 
 
@@ -671,7 +673,7 @@ def test_a_version_1_database_migrates_to_2_and_keeps_its_runs(db, tmp_path, cap
         history.close()
     rc, _, _ = cli(capsys, "history", "ingest", str(new), "--history", db)
     assert rc == 0
-    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--json")
+    rc, out, _ = cli(capsys, "history", "--history", db, "--cell", STREAMER_CELL, "--format", "json")
     (cell,) = json.loads(out)["cells"]
     assert [(p["run_id"], sorted(p["values"])) for p in cell["points"]] == [
         ("old", []), ("new", ["boot_s", "latency_s", "throughput_tok_s", "tokens_per_s"])]
@@ -782,7 +784,7 @@ def test_a_finished_run_records_itself_and_a_slice_waits_for_its_merge(tmp_path)
     run("quiet", "--no-history")
     sliced = run("slice", "--cell", "m__safetensors__cpu__fake")
     assert "history:" not in sliced.stderr
-    shown = subprocess.run([sys.executable, "-m", "bench", "history", "--results", str(root), "--json"], cwd=ROOT,
+    shown = subprocess.run([sys.executable, "-m", "bench", "history", "--results", str(root), "--format", "json"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert '"first"' in shown.stdout and '"quiet"' not in shown.stdout and '"slice"' not in shown.stdout

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -70,6 +71,16 @@ def test_plan_prints_cells(tmp_path, minimal, capsys):
     out = capsys.readouterr().out
     assert "2 cells × 1 repeats = 2 fresh servers" in out
     assert "m__runai_streamer__cpu__img  [vs m__safetensors__cpu__img]" in out
+
+    # The same plan for scripts: `--format json`, as compare, history, inspect and audit take it.
+    assert main(["plan", str(f), "--format", "json", "--detect", "0.5"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert (view["name"], view["repeats"], view["fresh_servers"]) == ("t", 1, 2)
+    assert [(c["id"], c["is_baseline"], c["baseline_id"], c["devices"]) for c in view["cells"]] == [
+        ("m__safetensors__cpu__img", True, None, 1),
+        ("m__runai_streamer__cpu__img", False, "m__safetensors__cpu__img", 1)]
+    # 0.5 seen with 95 %: ceil(log 0.05 / log 0.5) = 5 repeats; one repeat sees it half the time.
+    assert view["detect"] == {"rate": 0.5, "confidence": 0.95, "repeats_needed": 5, "seen_with_repeats": 0.5}
 
 
 def test_a_baseline_rule_over_other_axes_compares_a_release_with_the_previous_one(minimal):
@@ -233,7 +244,7 @@ def test_plan_refuses_a_plan_over_its_budget(tmp_path, minimal, capsys):
     minimal.update(repeats=3, budget={"minutes": 60, "boot_minutes": 10, "serve_minutes": 2, "setup_minutes": 5})
     f = tmp_path / "c.yaml"
     f.write_text(yaml.safe_dump(minimal))
-    for fmt in ("text", "github-matrix"):
+    for fmt in ("text", "json", "github-matrix"):
         assert main(["plan", str(f), "--format", fmt]) == 2
         assert "over its budget of 60 min: cpu (77 min)" in capsys.readouterr().err
     minimal["budget"]["minutes"] = 80

@@ -9,6 +9,7 @@ from bench.console import (
     emit,
     env_pairs,
     err,
+    format_flag,
     name_list,
 )
 from bench.core.config import ConfigError
@@ -34,7 +35,7 @@ def add_cli_args(sub) -> None:
     audit.add_argument("--image", metavar="REF",
                        help="run the probe in a container of this image (present here, nothing is pulled; no network): "
                             "--python is then the image's (default python3) and --pythonpath names folders inside it")
-    audit.add_argument("--json", action="store_true", help="print the report as JSON")
+    format_flag(audit, ["text", "json"], "text (default): the report for people; json: the report as JSON")
     audit.set_defaults(func=main)
 
 
@@ -58,4 +59,4 @@ def main(args: argparse.Namespace) -> int:
         orders=orders, shuffles=args.shuffles, seed=args.seed, loaders=loaders, timeout_s=args.timeout,
         image_ref=args.image, pull="never",
     )
-    return emit(report, args.json, render_audit)
+    return emit(report, args.format, render_audit)

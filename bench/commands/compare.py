@@ -8,6 +8,7 @@ from pathlib import Path
 from bench.console import (
     compare_flags,
     comparison,
+    format_flag,
     out,
 )
 from bench.core.compare import AXES, compare, format_comparison
@@ -42,7 +43,7 @@ def add_cli_args(sub) -> None:
     cmp.add_argument("b", metavar="RESULTS_B", help="the run under test's results folder")
     cmp.add_argument("--match-ignore", action="append", choices=AXES, default=[], metavar="AXIS",
                      help=f"match cells without this axis ({', '.join(AXES)}); repeatable")
-    cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    format_flag(cmp, ["text", "json"], "text (default): the comparison for people; json: the comparison as JSON")
     cmp.add_argument("--threshold", action="append", default=[], metavar="METRIC=RATIO",
                      help="slowdown threshold of one metric (repeatable), e.g. boot_s=1.5; metrics and their "
                           f"defaults: {threshold_list()}")
@@ -59,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         rule = own.model_copy(update={"top_k": args.top_k or own.top_k})
     a, b = load_side(Path(args.a), rule), load_side(Path(args.b), rule)
     result = compare(a, b, ignore=frozenset(args.match_ignore), comparator=rule.comparator, thresholds=thresholds)
-    if args.json:
+    if args.format == "json":
         print(result.model_dump_json(indent=2))
     else:
         for line in format_comparison(result, verbose=args.verbose):

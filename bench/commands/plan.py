@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 
-from bench.console import err
+from bench.console import err, format_flag
 from bench.core.config import Config, ConfigError, with_image_refs
 from bench.core.matrix import Cell, expand, expected_times
 from bench.core.slicing import github_matrix
@@ -20,10 +21,11 @@ def add_cli_args(sub) -> None:
                       help="also print the repeats needed to see a failure of rate P (0 < P <= 1) at least once")
     plan.add_argument("--confidence", type=float, metavar="C",
                       help="with --detect: the probability of seeing it (default 0.95); n = ceil(log(1-C)/log(1-P))")
-    plan.add_argument("--format", choices=["text", "github-matrix", "pins"], default="text",
-                      help="github-matrix: the JSON of a GitHub Actions strategy.matrix, one entry per platform and shard; "
-                           "pins: each image's tag resolved now by its registry (nothing pulled), as the NAME=REPO@sha256:… "
-                           "pairs, on one line, that every slice of a run takes as --image to run one build")
+    format_flag(plan, ["text", "json", "github-matrix", "pins"],
+                help="text (default): the plan for people; json: its cells, their baselines and repeats as JSON; "
+                     "github-matrix: the JSON of a GitHub Actions strategy.matrix, one entry per platform and shard; "
+                     "pins: each image's tag resolved now by its registry (nothing pulled), as the NAME=REPO@sha256:… "
+                     "pairs, on one line, that every slice of a run takes as --image to run one build")
     plan.add_argument("--shards", type=int, default=1, metavar="N", help="with github-matrix: shards per platform")
     plan.add_argument("--image", action="append", metavar="NAME=REF", help="replace an image's reference (repeatable)")
     plan.set_defaults(func=main)
@@ -48,6 +50,9 @@ def main(args: argparse.Namespace) -> int:
         print(" ".join(f"{name}={ref}" for name, ref in pins.items()))
         return 0
     n = config.repeat_count
+    if args.format == "json":
+        print(json.dumps(plan_view(config, cells, args.detect, args.confidence), indent=2))
+        return 0
     auto = f" (auto: to see a {config.detect.rate:.0%} failure with {config.detect.confidence:.0%} probability)" \
         if config.repeats == "auto" and config.detect else ""
     t_lines = [f"{config.name}: {len(cells)} cells × {n} repeats{auto} = {len(cells) * n} fresh servers"]
@@ -69,13 +74,35 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detection_lines(p: float, confidence: float | None, repeats: int, cells: int) -> list[str]:
+def plan_view(config: Config, cells: list[Cell], detect: float | None, confidence: float | None) -> dict:
+    """What `plan --format json` prints: the cells, their baselines and repeats (and with --detect
+    the repeats it needs), for scripts; the budget refuses a plan here as in every format."""
+    n = config.repeat_count
+    view: dict = {
+        "name": config.name, "repeats": n, "fresh_servers": len(cells) * n,
+        "cells": [{"id": c.id, "is_baseline": c.is_baseline, "baseline_id": c.baseline_id, "platform": c.platform,
+                   "devices": c.model.tensor_parallel_size} for c in cells],
+    }
+    if detect is not None:
+        confidence, needed, seen_now = _detection(detect, confidence, n)
+        view["detect"] = {"rate": detect, "confidence": confidence, "repeats_needed": needed, "seen_with_repeats": seen_now}
+    elif confidence is not None:
+        raise ConfigError("--confidence needs --detect P")
+    return view
+
+
+def _detection(p: float, confidence: float | None, repeats: int) -> tuple[float, int, float]:
+    """The confidence in effect, the repeats that see a failure of rate `p` with it, and the
+    probability that `repeats` see it."""
     confidence = 0.95 if confidence is None else confidence
     try:
-        n = repeats_needed(p, confidence)
-        seen_now = detection_probability(p, repeats)
+        return confidence, repeats_needed(p, confidence), detection_probability(p, repeats)
     except ValueError as exc:
         raise ConfigError(f"--detect/--confidence: {exc}") from None
+
+
+def _detection_lines(p: float, confidence: float | None, repeats: int, cells: int) -> list[str]:
+    confidence, n, seen_now = _detection(p, confidence, repeats)
     return [
         f"to see a failure that happens in {p:.0%} of fresh starts at least once with {confidence:.0%} "
         f"probability: {n} repeats per cell ({cells} cells × {n} = {cells * n} fresh servers)",

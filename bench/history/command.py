@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from bench.console import err, out
+from bench.console import err, format_flag, out
 from bench.core.config import ConfigError
 from bench.core.errors import EXIT_PASS, EXIT_USAGE, RegbenchError
 from bench.core.perf import parse_thresholds, threshold_list, thresholds_in_effect
@@ -42,7 +42,8 @@ def add_cli_args(sub) -> None:
     h.add_argument("--by", choices=ORDERS, default="time",
                    help="the order of a cell's points: " + "; ".join(f"{k}: {v}" for k, v in ORDER_TEXT.items())
                         + " (image, vllm: one series per cell without its image, a knob's cell its own; default time)")
-    h.add_argument("--json", action="store_true", help="print the history as JSON")
+    format_flag(h, ["table", "json"], "table (default): per cell a table of its runs, then where it broke and "
+                                        "slowed; json: the same as JSON")
     h.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help=f"compare each run's performance with the last N runs of its cell that passed "
                         f"(default {DEFAULT_WINDOW})")
@@ -120,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
                                   thresholds=stated, cells=cells, generated_at=time.time(), by=args.by))
         write_page(Path(args.html), page)
         err.print(f"trend page: {args.html}", highlight=False, markup=False)
-    if args.json:
+    if args.format == "json":
         view = {"database": history.shown, "schema_version": version, "window": args.window, "by": args.by,
                 **({"thresholds": stated} if stated else {}),
                 "cells": [h.as_json() for h in cells]}

@@ -394,7 +394,7 @@ class CellHistory(Record):
         return point_name(p, self.by)
 
     def as_json(self) -> dict:
-        """As `regbench history --json` prints it: in time order exactly the keys it always had,
+        """As `regbench history --format json` prints it: in time order exactly the keys it always had,
         the fields that name a point's image only where the order needs them."""
         if self.by != "time":
             return self.model_dump(mode="json")
