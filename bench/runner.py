@@ -260,9 +260,13 @@ def pin_images(cells: list[Cell], results: ResultsDir, launcher: Launcher,
     earlier = {f.image: f.image_pin for f in results.data.fingerprints
                if f.image_pin and f.image_ref == refs.get(f.image)}
     pinned = launcher.resolve_images(images, earlier)
-    # An image with no build for this host is left out: its cells say why, each at its first run.
+    # An image with no build for this host is left out (no audit of it): its cells say why, each
+    # at its first run.
+    absent = launcher.not_here()
+    for name, why in absent.items():
+        status(f"image {name}: {why}")
     return [c.model_copy(update={"image": pinned[c.image.name]}) if c.image.name in pinned else c for c in cells
-            if c.image.name in pinned or not c.image.ref]
+            if c.image.name not in absent]
 
 
 def matrix_cells(cells: list[Cell]) -> list[Cell]:

@@ -203,6 +203,9 @@ class ScriptedLauncher:
     def resolve_images(self, images, earlier=None):
         return {}
 
+    def not_here(self):
+        return {}
+
     def server(self, cell, repeat, run_dir, devices=None, stop=None):
         self.started.append((cell.id, repeat))
         modes = self.by_format.get(cell.load_format.name, self.modes)

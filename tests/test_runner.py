@@ -245,3 +245,24 @@ def test_a_run_that_only_missed_a_known_answer_settles_nothing(minimal):
         schedule.record(RunRecord(cell_id=cell.id, repeat=repeat, server=ServerOutcome(
             command=["x"], port=1, log_path="l", started_at=0.0)), findings)
     assert schedule.next(stop) == (cell, 3)  # not settled as flaky
+
+
+def test_an_image_a_launcher_does_not_pin_keeps_its_cells_for_the_pre_flight(minimal, tmp_path):
+    """A local image with a reference (an `--image NAME=REF` override records one) is not pinned
+    by the local launcher: its cells stay, so the pre-flight audits them. Only an image the
+    launcher says it has no build of for this host is left out."""
+    from bench.runner import pin_images
+
+    minimal["images"][0]["ref"] = "regbench.test/vllm:0.16.0"
+    cfg = parse_config(minimal)
+    cells = expand(cfg)
+    results = ResultsDir.create(tmp_path, "r", cfg)
+    said: list[str] = []
+    assert pin_images(cells, results, ScriptedLauncher(["ok"]), said.append) == cells
+
+    class NoBuildHere(ScriptedLauncher):
+        def not_here(self):
+            return {"img": "not runnable on this host: image regbench.test/vllm:0.16.0 is not published"}
+
+    assert pin_images(cells, results, NoBuildHere(["ok"]), said.append) == []
+    assert said[-1] == "image img: not runnable on this host: image regbench.test/vllm:0.16.0 is not published"

@@ -572,7 +572,7 @@ class DockerLauncher:
         self.host_env = dict(os.environ if host_env is None else host_env)
         self.redactor = redactor_for(config.server.env_passthrough, self.host_env)
         self.pins: dict[tuple[str, str | None], Resolved] = {}  # (image name, ref) -> resolved once
-        self.not_here: dict[tuple[str, str | None], str] = {}  # (image name, ref) -> why no build is here
+        self.unavailable: dict[tuple[str, str | None], str] = {}  # (image name, ref) -> why no build is here
         self._resolving = threading.Lock()
         self._runnable: dict[str, str | None] = {}  # pin -> why it cannot run here (None: it can)
 
@@ -599,16 +599,19 @@ class DockerLauncher:
             raise ImageUnavailable("; ".join(failures) + " (before any cell: nothing was run)")
         return pinned
 
+    def not_here(self) -> dict[str, str]:
+        return {name: reason for (name, _), reason in self.unavailable.items()}
+
     def _resolved(self, image: Image, earlier: str | None = None) -> Resolved:
         with self._resolving:  # workers start servers at once: one pull, one pin
             key = (matrix_image(image.name), image.ref)
-            if key in self.not_here:
-                raise ImageNotHere(self.not_here[key])
+            if key in self.unavailable:
+                raise ImageNotHere(self.unavailable[key])
             if key not in self.pins:
                 try:
                     self.pins[key] = resolve(self.docker, image, earlier)
                 except ImageNotHere as exc:
-                    self.not_here[key] = str(exc)
+                    self.unavailable[key] = str(exc)
                     raise
             return self.pins[key]
 

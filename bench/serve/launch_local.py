@@ -218,6 +218,9 @@ class LocalLauncher:
     def resolve_images(self, images: Iterable[Image], earlier: Mapping[str, str] | None = None) -> dict[str, Image]:
         return {}  # a local image is an interpreter on this host: nothing to pull or pin
 
+    def not_here(self) -> dict[str, str]:
+        return {}
+
     def server(self, cell: Cell, repeat: int, run_dir: Path, devices: Devices | None = None,
                stop: StopToken | None = None) -> Server:
         port = free_port()

@@ -74,6 +74,10 @@ class Launcher(Protocol):
         pinned; `earlier`: the pins a resumed run recorded); {} for a launcher that pulls nothing.
         Raises ConfigError when an image cannot be had."""
         ...
+    def not_here(self) -> dict[str, str]:
+        """After resolve_images: the images (by name) of which there is no build for this host,
+        and why; their cells are not runnable. {} for a launcher that pulls nothing."""
+        ...
 
 
 class Backend(Protocol):
