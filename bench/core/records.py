@@ -389,6 +389,13 @@ class PreflightRecord(Record):
     lost: int = 0  # tensors missing, summed over the orders audited
     problems: list[str] = []
     notes: list[str] = []
+    # inspect: the empty shards that end runai-model-streamer's stream (#157) in an order read;
+    # None in a record made before this field.
+    stream_stop_shards: list[str] | None = None
+    # fetch: the hub id, the revision asked and the commit it resolved to (None before these fields).
+    hub_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
 
 
 Summary.model_rebuild()
