@@ -153,7 +153,7 @@ def name_list(value: str, flag: str, known: tuple[str, ...]) -> list[str]:
 
 def emit(report, form: str, render) -> int:
     """Prints an inspect or audit report in its `--format`; exit 1 when it found a problem, 2 when
-    an audit could not tell (the probe does not support the loader release)."""
+    an audit could not tell (the reader cannot drive the loader release)."""
     if form == "json":
         print(report.model_dump_json(indent=2))
     else:

@@ -10,7 +10,7 @@ audit, and the whole audit's time to flag the canary.
    throughput of each (MB/s, 10^6 bytes, counting the bytes each one hashed) and the ratio A/B.
    Target: >= 1.5 on 2 cores. Both read from the page cache.
 2. The whole audit of that checkpoint, what a user waits for: `regbench audit CKPT --format json` run as
-   a command, end to end (the bench's start-up, inspect, baseline, the probe importing torch and
+   a command, end to end (the bench's start-up, inspect, baseline, the reader importing torch and
    the streamer, streaming every order through every loader while hashing what arrives), with the
    default orders and loaders. Wall time, and where it went (from the report's own timings).
 3. Time to flag the canary (--canary, default .cache/models/tiny-canary, with the 0.16.0 overlay
@@ -101,16 +101,23 @@ def regbench_audit(bench: Path, ckpt: Path, *options: str) -> tuple[float, int, 
     return seconds, done.returncode, report
 
 
+def reader_figure(report: dict, figure: str) -> float | None:
+    """The reader's `figure` (seconds, import_seconds, ...): a bench older than the reader's name
+    (--bench DIR) writes it as probe_<figure>."""
+    value = report.get(f"reader_{figure}")
+    return report.get(f"probe_{figure}") if value is None else value
+
+
 def breakdown(report: dict) -> str:
     """Where an audit's time went, from the report's own timings (older reports have fewer)."""
     runs = report["runs"]
     parts = [f"baseline {report['baseline_seconds']:.2f} s"]
-    if report.get("probe_seconds") is not None:
-        parts.append(f"probe {report['probe_seconds']:.2f} s")
-    if report.get("probe_import_seconds") is not None:
-        parts.append(f"of which torch+streamer import {report['probe_import_seconds']:.2f} s")
-    if report.get("probe_vllm_seconds") is not None:
-        parts.append(f"vLLM's iterator {report['probe_vllm_seconds']:.2f} s")
+    if (seconds := reader_figure(report, "seconds")) is not None:
+        parts.append(f"reader {seconds:.2f} s")
+    if (seconds := reader_figure(report, "import_seconds")) is not None:
+        parts.append(f"of which torch+streamer import {seconds:.2f} s")
+    if (seconds := reader_figure(report, "vllm_seconds")) is not None:
+        parts.append(f"vLLM's iterator {seconds:.2f} s")
     parts.append(f"{len(runs)} run(s) streaming {sum(r['seconds'] or 0 for r in runs):.2f} s")
     return ", ".join(parts)
 

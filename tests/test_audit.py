@@ -21,9 +21,9 @@ from bench.weights.audit import (
     file_orders,
 )
 from bench.weights.checkpoint import TensorHash, hash_tensors, inspect_checkpoint, stream_stop
-from bench.weights.errors import AuditError, ProbeError
+from bench.weights.errors import AuditError, ReaderError
 from bench.weights.model import AuditReport
-from bench.weights.protocols import PROBE
+from bench.weights.protocols import READER
 
 from .support import CANARY, ROOT, needs_vllm, shard_name, write_checkpoint
 
@@ -148,7 +148,7 @@ def test_inspect_and_audit_describe_a_stop_in_the_same_words(tmp_path, capsys):
     assert DEED_SORTED in inspected
 
 
-# --- orders and the probe protocol ---------------------------------------------------------------
+# --- orders and the reader protocol ---------------------------------------------------------------
 
 
 def test_orders_and_seeded_shuffles(tmp_path):
@@ -166,19 +166,19 @@ def test_orders_and_seeded_shuffles(tmp_path):
         file_orders(report, ["backwards"], 0, 0)
 
 
-def test_probe_output_outside_the_protocol_is_an_error():
-    with pytest.raises(ProbeError, match="not part of its protocol"):
+def test_reader_output_outside_the_protocol_is_an_error():
+    with pytest.raises(ReaderError, match="not part of its protocol"):
         _parse("Loading weights...\n", "")
-    with pytest.raises(ProbeError, match="cannot stream: ModuleNotFoundError"):
+    with pytest.raises(ReaderError, match="cannot stream: ModuleNotFoundError"):
         _parse(json.dumps({"type": "fatal", "error": "ModuleNotFoundError: no torch"}), "")
-    with pytest.raises(ProbeError, match="before it could import"):
+    with pytest.raises(ReaderError, match="before it could import"):
         _parse("", "Segmentation fault")
 
 
 def test_a_python_without_the_streamer_is_a_usage_error(tmp_path, capsys):
     write_checkpoint(tmp_path, [1])
-    # The bench's own venv has no torch: the probe says so and the audit stops, exit 2.
-    with pytest.raises(ProbeError, match="cannot stream: ModuleNotFoundError"):
+    # The bench's own venv has no torch: the reader says so and the audit stops, exit 2.
+    with pytest.raises(ReaderError, match="cannot stream: ModuleNotFoundError"):
         audit_checkpoint(tmp_path, sys.executable, loaders=["streamer"])
     assert main(["audit", str(tmp_path), "--python", sys.executable, "--loaders", "streamer"]) == 2
     assert "cannot stream: ModuleNotFoundError: No module named 'torch'" in capsys.readouterr().err
@@ -191,9 +191,9 @@ def test_a_python_without_the_streamer_is_a_usage_error(tmp_path, capsys):
 
 
 def fake_python(tmp_path: Path, after_begin: str) -> str:
-    """An interpreter stand-in that speaks the probe's protocol, starts the first run, then
+    """An interpreter stand-in that speaks the reader's protocol, starts the first run, then
     does `after_begin` (a shell command): how a streamer that hangs or crashes looks."""
-    hello = json.dumps({"type": "probe", "python": "fake", "streamer_version": "0.16.0", "streamer_path": "/x",
+    hello = json.dumps({"type": "hello", "python": "fake", "streamer_version": "0.16.0", "streamer_path": "/x",
                         "torch_version": "0", "vllm_version": None, "vllm_error": None})
     begin = json.dumps({"type": "begin", "order": "sorted", "loader": "streamer"})
     script = tmp_path / "fake-python"
@@ -202,11 +202,21 @@ def fake_python(tmp_path: Path, after_begin: str) -> str:
     return str(script)
 
 
+def test_a_report_written_when_the_reader_was_called_the_probe_reads_the_same(tmp_path):
+    write_checkpoint(tmp_path / "ckpt", [2, 1])
+    report = audit_checkpoint(tmp_path / "ckpt", fake_python(tmp_path, "exit 0"), orders=["sorted"], loaders=["streamer"])
+    written = json.loads(report.model_dump_json())
+    assert written["reader_exit_code"] == 0 and written["reader_seconds"] > 0
+    assert not any(key.startswith("probe_") for key in written)
+    old = {key.replace("reader_", "probe_"): value for key, value in written.items()}
+    assert AuditReport.model_validate_json(json.dumps(old)) == report
+
+
 @pytest.mark.parametrize("after_begin, timeout_s, reason", [
-    ("kill -SEGV $$", 60, "the probe died of signal 11 (Segmentation fault) while streaming"),
+    ("kill -SEGV $$", 60, "the reader died of signal 11 (Segmentation fault) while streaming"),
     ("exec sleep 30", 1, "timed out after 1 s while streaming"),
 ])
-def test_a_probe_that_dies_or_hangs_fails_the_run_it_was_in(tmp_path, after_begin, timeout_s, reason):
+def test_a_reader_that_dies_or_hangs_fails_the_run_it_was_in(tmp_path, after_begin, timeout_s, reason):
     write_checkpoint(tmp_path / "ckpt", [2, 1])
     report = audit_checkpoint(tmp_path / "ckpt", fake_python(tmp_path, after_begin), orders=["sorted", "reversed"],
                               loaders=["streamer"], timeout_s=timeout_s)
@@ -324,24 +334,24 @@ def test_vllm_iterator_sees_what_the_streamer_sees(version, delivered):
 
 # --- vLLM's iterator without importing vLLM -------------------------------------------------------
 
-PROBE_DRIVER = """
+READER_DRIVER = """
 import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("audit_probe", sys.argv[1])
-probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe)  # from here on, only probe.emit writes to stdout
+spec = importlib.util.spec_from_file_location("reader", sys.argv[1])
+reader = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reader)  # from here on, only reader.emit writes to stdout
 sys.path.insert(0, sys.argv[2])
 try:
-    iterator, how = probe.load_vllm_iterator()
+    iterator, how = reader.load_vllm_iterator()
 except Exception as exc:
-    probe.emit(error=probe.describe(exc))
+    reader.emit(error=reader.describe(exc))
     sys.exit()
 result = dict(how=how, names=sorted(k for k in iterator.__globals__ if not k.startswith("__")),
               vllm_imported="vllm" in sys.modules)
 try:
     result["out"] = [list(t) for t in iterator(["/x/a.safetensors", "/x/b.safetensors"], False)]
 except Exception as exc:
-    result["out"] = probe.describe(exc)
-probe.emit(**result)
+    result["out"] = reader.describe(exc)
+reader.emit(**result)
 """
 
 FAKE_WEIGHT_UTILS = """
@@ -392,14 +402,14 @@ def fake_vllm(root: Path, decorator: str = "", uses: str = "") -> Path:
     return root
 
 
-def run_probe_loader(root: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", PROBE_DRIVER, str(PROBE), str(root)], capture_output=True,
+def run_reader_loader(root: Path) -> dict:
+    done = subprocess.run([sys.executable, "-c", READER_DRIVER, str(READER), str(root)], capture_output=True,
                           text=True, check=True)
     return json.loads(done.stdout)
 
 
 def test_the_iterator_is_compiled_from_the_installed_file_with_what_it_uses(tmp_path):
-    result = run_probe_loader(fake_vllm(tmp_path))
+    result = run_reader_loader(fake_vllm(tmp_path))
     assert result["how"].startswith("runai_safetensors_weights_iterator compiled from ")
     assert result["how"].endswith("vllm/model_executor/model_loader/weight_utils.py (vLLM not imported)")
     assert not result["vllm_imported"]
@@ -417,7 +427,7 @@ def test_the_iterator_is_compiled_from_the_installed_file_with_what_it_uses(tmp_
     ("", "undefined_name and ", "needs undefined_name, which", "NameError: name 'undefined_name' is not defined"),
 ])
 def test_an_iterator_that_needs_more_of_vllm_is_imported_instead(tmp_path, decorator, uses, reason, out):
-    result = run_probe_loader(fake_vllm(tmp_path, decorator, uses))
+    result = run_reader_loader(fake_vllm(tmp_path, decorator, uses))
     assert result["vllm_imported"]
     assert result["how"].startswith("vllm.model_executor.model_loader.weight_utils imported (NotExtractable: ")
     assert reason in result["how"]
@@ -426,7 +436,7 @@ def test_an_iterator_that_needs_more_of_vllm_is_imported_instead(tmp_path, decor
 
 
 def test_no_vllm_at_all_is_reported_as_such(tmp_path):
-    assert run_probe_loader(tmp_path) == {"error": "ModuleNotFoundError: No module named 'vllm'"}
+    assert run_reader_loader(tmp_path) == {"error": "ModuleNotFoundError: No module named 'vllm'"}
 
 
 @pytest.mark.slow
@@ -435,10 +445,10 @@ def test_the_compiled_iterator_is_vllms_own_code():
     # every name it uses is bound to the same object, but current_platform (the stand-in).
     script = """
 import importlib.util, sys, types
-spec = importlib.util.spec_from_file_location("audit_probe", sys.argv[1])
-probe = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe)
-extracted, how = probe.load_vllm_iterator()
+spec = importlib.util.spec_from_file_location("reader", sys.argv[1])
+reader = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reader)
+extracted, how = reader.load_vllm_iterator()
 import vllm.model_executor.model_loader.weight_utils as real
 def same(a, b):
     consts = lambda c: [k for k in c.co_consts if not isinstance(k, types.CodeType)]
@@ -446,7 +456,7 @@ def same(a, b):
     return (a.co_code == b.co_code and a.co_names == b.co_names and consts(a) == consts(b)
             and all(same(x, y) for x, y in zip(codes(a), codes(b))) and len(codes(a)) == len(codes(b)))
 names = sorted(k for k in extracted.__globals__ if not k.startswith("__"))
-probe.emit(how=how, names=names,
+reader.emit(how=how, names=names,
            same_code=same(extracted.__code__, real.runai_safetensors_weights_iterator.__code__),
            same_objects={n: extracted.__globals__[n] is real.__dict__[n]
                          or (isinstance(real.__dict__[n], (str, int, float, tuple))
@@ -454,7 +464,7 @@ probe.emit(how=how, names=names,
            functions_same_code={n: same(extracted.__globals__[n].__code__, real.__dict__[n].__code__)
                                 for n in names if isinstance(extracted.__globals__[n], types.FunctionType)})
 """
-    done = subprocess.run([default_python(), "-c", script, str(PROBE)], capture_output=True, text=True, check=True)
+    done = subprocess.run([default_python(), "-c", script, str(READER)], capture_output=True, text=True, check=True)
     result = json.loads(done.stdout)
     assert "(vLLM not imported)" in result["how"] and result["same_code"]
     assert all(result["functions_same_code"].values()) and "enable_tqdm" in result["functions_same_code"]
@@ -528,7 +538,7 @@ def fake_streamer(root: Path, version: str, body: str) -> str:
      "    def stream_files(self, requests, credentials, device): pass\n", "take other arguments"),
 ])
 @needs_vllm
-def test_a_release_the_probe_cannot_call_is_unsupported_never_a_loss(tmp_path, capsys, body, why):
+def test_a_release_the_reader_cannot_call_is_unsupported_never_a_loss(tmp_path, capsys, body, why):
     path = fake_streamer(tmp_path / "overlay", "0.0.1", body)
     report = audit_checkpoint(CANARY, default_python(), [path], {}, orders=["sorted", "listing"], loaders=["streamer"])
     assert report.streamer_version == "0.0.1"
@@ -537,7 +547,7 @@ def test_a_release_the_probe_cannot_call_is_unsupported_never_a_loss(tmp_path, c
     assert all(r.missing == [] and r.stop is None and r.error is None for r in report.runs)
     assert main(["audit", str(CANARY), "--pythonpath", path, "--loaders", "streamer"]) == 2
     shown = capsys.readouterr().out
-    assert "probe not supported by this loader version" in shown and "lost" not in shown
+    assert "the reader cannot drive this loader version" in shown and "lost" not in shown
 
 
 def test_the_last_line_says_a_loader_that_raised_failed_loudly_not_that_it_lost_weights(tmp_path, capsys):

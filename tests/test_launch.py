@@ -285,14 +285,16 @@ def test_each_backend_registers_once_and_the_schema_knows_it_and_what_it_needs()
 
     from bench.core.config import IMAGE_FIELDS_NEEDED, Image, LauncherName
     from bench.serve.launchers import BACKENDS, backend, needs
-    from bench.weights import probes
+    from bench.weights import readers
 
     assert BACKENDS.names() == ["local", "docker"] and set(get_args(LauncherName)) == set(BACKENDS.names())
     unset_by_default = {f for f, info in Image.model_fields.items() if info.default is None}
     assert {n: tuple(f for f in needs(n) if f in unset_by_default) for n in BACKENDS.names()} == IMAGE_FIELDS_NEEDED
     for name in BACKENDS.names():
         assert set(needs(name)) <= set(Image.model_fields)
-        probes.needs(backend(name).audit_in)  # the probe back-end its launchers audit with exists
+        readers.needs(backend(name).audit_in)  # the reader back-end its launchers audit with exists
+    # The audit's back-ends are found by their modules' prefix: the reader script is not one of them.
+    assert readers.READERS.names() == ["local", "docker"]
 
 
 def test_a_backend_registered_outside_its_own_module_is_refused():

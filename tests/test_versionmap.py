@@ -1,9 +1,10 @@
 """Version maps and bisect: the pure rules (regimes, change points, where a bisect goes next) and
-the drivers (saving after every probe, continuing a folder), with a probe function standing in
-for the audit or a cell: what is tested here is the walk, not what a probe finds."""
+the drivers (saving after every trial, continuing a folder), with a trial function standing in
+for the audit or a cell: what is tested here is the walk, not what a trial finds."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from bench.versions.model import (
     regimes,
     settled,
 )
-from bench.versions.probe import VersionsError, open_map, run_bisect, run_map, write_versions
 from bench.versions.render import markdown
+from bench.versions.trial import VersionsError, open_map, run_bisect, run_map, write_versions
 from bench.weights.overlays import OverlayError, select_versions
 
 VERSIONS = [f"1.{i}" for i in range(10)]
@@ -48,7 +49,7 @@ def test_regimes_group_adjacent_versions_and_name_each_change():
         "1.3 → 1.4: fails loudly at load → passes"]
 
 
-def test_a_version_the_probe_cannot_tell_is_neither_good_nor_bad():
+def test_a_version_the_trial_cannot_tell_is_neither_good_nor_bad():
     assert Kind.UNSUPPORTED.good is None and Kind.NOT_INSTALLED.good is None
     assert Kind.PASSES.good is True and all(k.good is False for k in (Kind.LOSES_WEIGHTS, Kind.EMPTY_COMPLETIONS))
     assert outcome("1.0", Kind.UNSUPPORTED).sureness(0.5) == "cannot tell"
@@ -72,30 +73,30 @@ def test_a_cells_kind_from_the_judges_reasons():
 
 
 def walk(versions, good, bad, truth, limit=100):
-    """Runs a bisect to its end against `truth` (version -> kind); returns the states' probes and the last."""
+    """Runs a bisect to its end against `truth` (version -> kind); returns the versions it tried and the last state."""
     outcomes: dict[str, Outcome] = {}
-    probed = []
+    tried = []
     state = bisect_state(versions, good, bad, outcomes)
-    while state.next is not None and len(probed) < limit:
-        probed.append(state.next)
+    while state.next is not None and len(tried) < limit:
+        tried.append(state.next)
         outcomes[state.next] = outcome(state.next, truth[state.next])
         state = bisect_state(versions, good, bad, outcomes)
-    return probed, state
+    return tried, state
 
 
-def test_bisect_probes_both_ends_then_halves():
+def test_bisect_tries_both_ends_then_halves():
     truth = {v: Kind.LOSES_WEIGHTS if i < 7 else Kind.PASSES for i, v in enumerate(VERSIONS)}
-    probed, state = walk(VERSIONS, "1.9", "1.0", truth)
-    assert probed[:2] == ["1.9", "1.0"]
+    tried, state = walk(VERSIONS, "1.9", "1.0", truth)
+    assert tried[:2] == ["1.9", "1.0"]
     assert state.change is not None and (state.change.before, state.change.after) == ("1.6", "1.7")
     assert state.change.describe() == "1.6 → 1.7: loses weights silently → passes"  # in version order
-    assert len(probed) <= 2 + math.ceil(math.log2(len(VERSIONS) - 2)) < len(VERSIONS)
+    assert len(tried) <= 2 + math.ceil(math.log2(len(VERSIONS) - 2)) < len(VERSIONS)
 
 
 def test_bisect_steps_over_versions_it_cannot_tell_and_names_them():
     truth = {v: Kind.PASSES if i < 3 else Kind.UNSUPPORTED if i < 6 else Kind.EMPTY_COMPLETIONS
              for i, v in enumerate(VERSIONS)}
-    _probed, state = walk(VERSIONS, "1.0", "1.9", truth)
+    _tried, state = walk(VERSIONS, "1.0", "1.9", truth)
     assert state.change is not None
     assert (state.change.before, state.change.after, state.change.untested) == ("1.2", "1.6", ["1.3", "1.4", "1.5"])
     assert "untested between them" in state.change.describe()
@@ -108,8 +109,8 @@ def test_bisect_steps_over_versions_it_cannot_tell_and_names_them():
 ])
 def test_bisect_ends_that_do_not_differ_are_said_plainly(good_kind, bad_kind, says):
     truth = {v: good_kind for v in VERSIONS} | {"1.9": bad_kind}
-    probed, state = walk(VERSIONS, "1.0", "1.9", truth)
-    assert probed == ["1.0", "1.9"] and state.change is None and says in state.verdict
+    tried, state = walk(VERSIONS, "1.0", "1.9", truth)
+    assert tried == ["1.0", "1.9"] and state.change is None and says in state.verdict
 
 
 def test_bisect_ends_must_be_two_known_versions():
@@ -120,28 +121,28 @@ def test_bisect_ends_must_be_two_known_versions():
 
 
 @given(st.integers(min_value=2, max_value=60), st.data())
-def test_bisect_finds_the_one_change_of_any_monotone_range_in_logarithmic_probes(n, data):
+def test_bisect_finds_the_one_change_of_any_monotone_range_in_logarithmic_trials(n, data):
     versions = [f"0.{i}" for i in range(n)]
     change = data.draw(st.integers(min_value=1, max_value=n - 1))
     fixed = data.draw(st.booleans())  # searching for a fix (bad end older) or a regression
     truth = {v: (Kind.PASSES if (i >= change) == fixed else Kind.LOSES_WEIGHTS) for i, v in enumerate(versions)}
     good, bad = (versions[-1], versions[0]) if fixed else (versions[0], versions[-1])
-    probed, state = walk(versions, good, bad, truth)
+    tried, state = walk(versions, good, bad, truth)
     assert state.change is not None
     assert (state.change.before, state.change.after) == (versions[change - 1], versions[change])
-    assert len(probed) <= 2 + math.ceil(math.log2(n - 1))  # m versions inside: ceil(log2(m + 1))
-    assert len(set(probed)) == len(probed)
+    assert len(tried) <= 2 + math.ceil(math.log2(n - 1))  # m versions inside: ceil(log2(m + 1))
+    assert len(set(tried)) == len(tried)
 
 
 # --- the drivers --------------------------------------------------------------------------------
 
 
 def fresh(mode="map", versions=VERSIONS, good=None, bad=None) -> VersionMap:
-    return VersionMap(mode=mode, axis="runai-model-streamer", probe="made up", versions=versions,
+    return VersionMap(mode=mode, axis="runai-model-streamer", trial="made up", versions=versions,
                       plan=Plan(rate=1.0, confidence=0.95), outcomes=[], good=good, bad=bad)
 
 
-class Probe:
+class Trial:
     """Stands in for the audit or a cell: answers from `truth`, counts its calls, and can be told
     to come back unsettled (an interrupt) at its n-th call."""
 
@@ -153,39 +154,61 @@ class Probe:
         if len(self.calls) == self.interrupt_at:
             return None
         folder.mkdir(parents=True, exist_ok=True)
-        return outcome(version, self.truth[version]).model_copy(update={"folder": f"probes/{version}"})
+        return outcome(version, self.truth[version]).model_copy(update={"folder": f"{folder.parent.name}/{version}"})
 
 
-def test_an_interrupted_map_keeps_what_it_probed_and_the_same_folder_continues(tmp_path):
+def test_an_interrupted_map_keeps_what_it_tried_and_the_same_folder_continues(tmp_path):
     truth = {v: Kind.LOSES_WEIGHTS if i < 4 else Kind.PASSES for i, v in enumerate(VERSIONS)}
     saved = []
-    probe = Probe(truth, interrupt_at=7)
-    first = run_map(probe, tmp_path, open_map(tmp_path, fresh()), lambda m: (saved.append(m), write_versions(tmp_path, m)))
+    trial = Trial(truth, interrupt_at=7)
+    first = run_map(trial, tmp_path, open_map(tmp_path, fresh()), lambda m: (saved.append(m), write_versions(tmp_path, m)))
     assert first.interrupted and [o.version for o in first.outcomes] == VERSIONS[:6]
     assert len(saved) >= 6 and "Interrupted" in (tmp_path / "summary.md").read_text()
-    again = Probe(truth)
+    again = Trial(truth)
     second = run_map(again, tmp_path, open_map(tmp_path, fresh()), lambda m: write_versions(tmp_path, m))
-    assert again.calls == VERSIONS[6:]  # nothing probed twice
+    assert again.calls == VERSIONS[6:]  # nothing tried twice
     assert not second.interrupted and [o.version for o in second.in_order()] == VERSIONS
     assert [r.span for r in second.regimes] == ["1.0 – 1.3", "1.4 – 1.9"]
     text = (tmp_path / "summary.md").read_text()
     assert "| 1.0 – 1.3 | loses weights silently |" in text and "1.3 → 1.4" in text
 
 
-def test_a_bisect_resumes_from_its_probe_folders_and_reports_every_probe(tmp_path):
+def test_a_bisect_resumes_from_its_trial_folders_and_reports_every_trial(tmp_path):
     truth = {v: Kind.EMPTY_COMPLETIONS if i < 6 else Kind.PASSES for i, v in enumerate(VERSIONS)}
     start = fresh("bisect", good="1.9", bad="1.0")
-    first = run_bisect(Probe(truth, interrupt_at=3), tmp_path, open_map(tmp_path, start),
+    first = run_bisect(Trial(truth, interrupt_at=3), tmp_path, open_map(tmp_path, start),
                        lambda m: write_versions(tmp_path, m))
     assert first.interrupted and [o.version for o in first.outcomes] == ["1.9", "1.0"]
-    again = Probe(truth)
+    again = Trial(truth)
     done = run_bisect(again, tmp_path, open_map(tmp_path, start), lambda m: write_versions(tmp_path, m))
     assert "1.9" not in again.calls and "1.0" not in again.calls
     assert done.bisect is not None and done.bisect.change is not None
     assert (done.bisect.change.before, done.bisect.change.after) == ("1.5", "1.6")
     text = markdown(done)
-    assert f"{len(done.outcomes)} probe(s) for 10 versions" in text
+    assert f"{len(done.outcomes)} trial(s) for 10 versions" in text
     assert all(f"| {o.version} |" in text for o in done.outcomes)
+
+
+def test_a_map_from_before_trials_had_their_name_reads_and_continues_in_its_own_folders(tmp_path):
+    truth = {v: Kind.PASSES for v in VERSIONS}
+    save = lambda m: write_versions(tmp_path, m)  # noqa: E731
+    run_map(Trial(truth, interrupt_at=4), tmp_path, open_map(tmp_path, fresh()), save)
+    written = json.loads((tmp_path / "versions.json").read_text())
+    assert written["trial"] == "made up" and "probe" not in written
+    assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == VERSIONS[:3]
+    # As an older regbench wrote it: the key and the folder said "probe".
+    (tmp_path / "trials").rename(tmp_path / "probes")
+    written["probe"] = written.pop("trial")
+    for o in written["outcomes"]:
+        o["folder"] = o["folder"].replace("trials/", "probes/")
+    (tmp_path / "versions.json").write_text(json.dumps(written))
+    again = Trial(truth)
+    done = run_map(again, tmp_path, open_map(tmp_path, fresh()), save)
+    assert again.calls == VERSIONS[3:]  # the old folders' outcomes were read, none tried again
+    assert not (tmp_path / "trials").exists()
+    assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == VERSIONS
+    assert [o.folder for o in done.in_order()] == [f"probes/{v}" for v in VERSIONS]
+    assert json.loads((tmp_path / "versions.json").read_text())["trial"] == "made up"
 
 
 def test_a_folder_holding_another_question_is_refused(tmp_path):

@@ -3,7 +3,7 @@
 audit of each release: nothing about the releases is written here.
 
 Full tier (scripts/test.sh --full): the release map, no server, but ~20 overlays to install (a few
-MB each) and ~20 audits of 2 s. The landing tier maps a release the probe cannot drive here, and
+MB each) and ~20 audits of 2 s. The landing tier maps a release the reader cannot drive here, and
 bisects the smoke matrix's three releases with servers (tests/test_e2e_versions.py).
 """
 
@@ -72,17 +72,17 @@ def test_the_map_covers_every_release_and_agrees_with_a_direct_audit_of_each(ver
     print("\n".join(f"{r.span}: {r.kind.words}" for r in regimes))
 
 
-def test_a_release_the_probe_cannot_call_is_mapped_as_such(tmp_path):
-    # 0.5.0 predates SafetensorsStreamer: the probe cannot drive it.
+def test_a_release_the_reader_cannot_call_is_mapped_as_such(tmp_path):
+    # 0.5.0 predates SafetensorsStreamer: the reader cannot drive it.
     assert run("versions", "--streamer", "0.5.0", "--dir", str(tmp_path)) == 0
     vmap = VersionMap.model_validate_json((tmp_path / "versions.json").read_text())
     [o] = vmap.outcomes
     assert o.kind == Kind.UNSUPPORTED and "SafetensorsStreamer" in o.detail
-    assert "probe not supported by this loader version" in (tmp_path / "summary.md").read_text()
+    assert "the reader cannot drive this loader version" in (tmp_path / "summary.md").read_text()
 
 
 @pytest.mark.full
-def test_bisect_finds_a_change_point_of_the_map_with_fewer_probes(version_map, releases, tmp_path, capsys):
+def test_bisect_finds_a_change_point_of_the_map_with_fewer_trials(version_map, releases, tmp_path, capsys):
     passing = [o.version for o in version_map.in_order() if o.kind == Kind.PASSES]
     failing = [o.version for o in version_map.in_order() if o.good is False]
     assert passing and failing, "the canary needs a passing and a failing release"
@@ -95,7 +95,7 @@ def test_bisect_finds_a_change_point_of_the_map_with_fewer_probes(version_map, r
     assert (change.before, change.after) in {(c.before, c.after) for c in version_map.change_points}
     assert len(vmap.outcomes) < len(version_map.outcomes)
     printed = capsys.readouterr().out
-    assert f"{len(vmap.outcomes)} probe(s) for {len(releases)} versions" in printed
-    # Every probe is kept: its folder holds the audit it ran.
+    assert f"{len(vmap.outcomes)} trial(s) for {len(releases)} versions" in printed
+    # Every trial is kept: its folder holds the audit it ran.
     for o in vmap.outcomes:
         assert list(Path(tmp_path, o.folder).glob("audit-*.json"))

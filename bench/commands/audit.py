@@ -31,9 +31,9 @@ def add_cli_args(sub) -> None:
                        help="environment of the loader, e.g. RUNAI_STREAMER_MEMORY_LIMIT=0")
     audit.add_argument("--loaders", default=",".join(LOADERS),
                        help="comma-separated: streamer (SafetensorsStreamer), vllm (vLLM's iterator, where vllm imports)")
-    audit.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds the whole probe may take")
+    audit.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds the whole read may take")
     audit.add_argument("--image", metavar="REF",
-                       help="run the probe in a container of this image (present here, nothing is pulled; no network): "
+                       help="run the reader in a container of this image (present here, nothing is pulled; no network): "
                             "--python is then the image's (default python3) and --pythonpath names folders inside it")
     format_flag(audit, ["text", "json"], "text (default): the report for people; json: the report as JSON")
     audit.set_defaults(func=main)

@@ -18,7 +18,7 @@ that escapes is a bug and keeps its traceback.
     ├── VersionsError         a version map or bisect that cannot go on (bench.versions)
     ├── OverlayError          a loader release that cannot be installed (bench.weights.overlays)
     ├── NotACheckpoint        not a checkpoint folder (bench.weights.checkpoint)
-    ├── AuditError, ProbeError  an audit that could not run (bench.weights.audit)
+    ├── AuditError, ReaderError an audit that could not run (bench.weights.audit)
     ├── HistoryError          the history database cannot be opened, migrated, read or written
     │                         (bench.history.store)
     └── TrendWriteError (3)   the trend page could not be written (bench.history.store)

@@ -309,7 +309,7 @@ def bisect_hints(cell_id: str, good: CellPoint, bad: CellPoint,
     images of the series between them in that order) inside. It runs as printed where the first
     bad run's matrix holds every one of them (`held`: that run's images; None: not known)."""
     if KNOB_SEP in cell_id:
-        return []  # a knob's cell is judged against another cell: bisect probes one cell alone
+        return []  # a knob's cell is judged against another cell: bisect tries one cell alone
     out = []
     streamer = changed.get("runai_model_streamer")
     local = good.image_ref is None and bad.image_ref is None
@@ -345,7 +345,7 @@ def _images_hint(cell_id: str, good: CellPoint, bad: CellPoint, changes: list[st
     inside = list(dict.fromkeys(i for i in between if i not in (old, new)))
     have = set(held) if held is not None else set()
     if bad.source and {old, new} <= have:
-        # The images between the two that this matrix lacks cannot be probed with it: left out.
+        # The images between the two that this matrix lacks cannot be tried with it: left out.
         images = [old, *(i for i in inside if i in have), new]
         return BisectHint(change=change, command=shlex.join([
             "regbench", "bisect", "--config", f"{bad.source}/config.yaml", "--cell", cell_id,

@@ -561,7 +561,7 @@ class DockerBackend:
 
 
 class DockerLauncher:
-    # The image's loader is the one to audit: the pre-flight runs the probe in a container of it.
+    # The image's loader is the one to audit: the pre-flight runs the reader in a container of it.
     audit_in: AuditSite = "docker"
 
     def __init__(self, config: Config, run_id: str, docker_client: docker.DockerClient | None = None,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from bench.core.stop import StopToken
 
 
-# Which audit back-end (bench.weights.probes) the pre-flight streams an image's weights with:
+# Which reader back-end (bench.weights.readers) the pre-flight streams an image's weights with:
 # "local", the image's Python on this host; "docker", a container of the image (`ref`).
 AuditSite = Literal["local", "docker"]
 

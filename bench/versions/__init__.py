@@ -4,7 +4,7 @@ version map), and bisect to the release where that changes (docs/versions.md).
 One package, one feature, in layers (pyproject.toml's import contracts):
 
     command   `regbench versions map|bisect` and its arguments
-    probe     one probe per version: the weight audit under a streamer release, or one cell run
+    trial     one trial per version: the weight audit under a streamer release, or one cell run
               through the runner under an image
     render    the map as a console table and Markdown
     model     version maps, plans, bisect and its verdicts: pure, no I/O

@@ -1,4 +1,4 @@
-"""`regbench versions` and `regbench bisect`: one probe across the versions of one axis."""
+"""`regbench versions` and `regbench bisect`: one trial per version, across the versions of one axis."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from bench.core.stop import StopToken
 from bench.store.matrixfile import load_config
 from bench.store.results import new_run_id
 from bench.versions.model import Plan, VersionMap
-from bench.versions.probe import (
-    AuditProbe,
-    CellProbe,
+from bench.versions.render import table as versions_table
+from bench.versions.trial import (
+    AuditTrial,
+    CellTrial,
     VersionsError,
     find_cell,
     open_map,
@@ -28,7 +29,6 @@ from bench.versions.probe import (
     run_map,
     write_versions,
 )
-from bench.versions.render import table as versions_table
 from bench.weights.audit import LOADERS, ORDERS, default_python
 from bench.weights.overlays import available_versions, default_cache, select_versions
 
@@ -41,16 +41,16 @@ def add_cli_args(sub) -> None:
 def _add(sub, name: str) -> None:
     if name == "versions":
         v = sub.add_parser(
-            "versions", help="one probe across the versions of one axis: outcome per version, regimes, change points",
-            description=("Runs one probe per version, in the order given: the weight audit of a checkpoint "
+            "versions", help="one trial per version of one axis: outcome per version, regimes, change points",
+            description=("Runs one trial per version, in the order given: the weight audit of a checkpoint "
                          "(--audit) across runai-model-streamer releases, or one cell of a matrix (--config, "
                          "--cell) across streamer releases or the matrix's images (vLLM venvs, container tags). "
-                         "Writes versions.json, summary.md and a folder per probe; the same --dir continues."))
+                         "Writes versions.json, summary.md and a folder per trial; the same --dir continues."))
     else:
         v = sub.add_parser(
-            "bisect", help="the version where a probe's outcome changes, between a passing and a failing one",
+            "bisect", help="the version where a trial's outcome changes, between a passing and a failing one",
             description=("Binary search between --good and --bad (either may be the older) for the change point, "
-                         "each version probed until settled (--rate, --confidence). Sees one change only: when "
+                         "each version tried until settled (--rate, --confidence). Sees one change only: when "
                          "the range may hold several, run `regbench versions`. Exit 0 with a change point, 1 "
                          "without one (the good end fails, or the bad end passes), 130 interrupted."))
         v.add_argument("--good", required=True, metavar="V", help="a version that passes")
@@ -59,9 +59,9 @@ def _add(sub, name: str) -> None:
                    help="runai-model-streamer releases: A..B (every release from A to B the index has) or a,b,c; "
                         "installed on demand as overlays")
     v.add_argument("--images", metavar="NAMES", help="with --config: the matrix's images, in this order (a,b,c)")
-    v.add_argument("--audit", metavar="CKPT", help="probe: the weight audit of this checkpoint")
-    v.add_argument("--config", metavar="FILE", help="probe: one cell of this matrix (with --cell)")
-    v.add_argument("--cell", metavar="ID", help="the cell to probe (`regbench plan` lists them)")
+    v.add_argument("--audit", metavar="CKPT", help="trial: the weight audit of this checkpoint")
+    v.add_argument("--config", metavar="FILE", help="trial: one cell of this matrix (with --cell)")
+    v.add_argument("--cell", metavar="ID", help="the cell to try (`regbench plan` lists them)")
     v.add_argument("--python", help="with --audit: Python of the system under test (default: .venv-vllm/bin/python)")
     v.add_argument("--env", nargs="+", action="extend", default=[], metavar="K=V", help="with --audit: loader environment")
     v.add_argument("--orders", default="sorted,listing", help="with --audit: file orders (default: sorted,listing)")
@@ -75,19 +75,19 @@ def _add(sub, name: str) -> None:
     v.set_defaults(func=main)
 
 
-def _version_probe(args: argparse.Namespace, stop: StopToken):
-    """The probe and the version list a `versions` or `bisect` command asks for."""
+def _version_trial(args: argparse.Namespace, stop: StopToken):
+    """The trial and the version list a `versions` or `bisect` command asks for."""
     cache = Path(args.overlays) if args.overlays else default_cache(Path.cwd())
     if (args.audit is None) == (args.config is None):
         raise ConfigError("give a checkpoint to audit (--audit CKPT) or a matrix and a cell (--config FILE --cell ID)")
     if (args.streamer is None) == (args.images is None):
         raise ConfigError("give the versions of one axis: --streamer VERSIONS or --images NAMES")
-    probe: AuditProbe | CellProbe
+    trial: AuditTrial | CellTrial
     if args.audit is not None:
         if args.images is not None:
             raise ConfigError("--images needs a matrix (--config): the audit maps runai-model-streamer releases")
         python = args.python or default_python()
-        probe = AuditProbe(checkpoint=Path(args.audit).resolve(), python=python, cache=cache,
+        trial = AuditTrial(checkpoint=Path(args.audit).resolve(), python=python, cache=cache,
                            env=tuple(env_pairs(args.env).items()),
                            orders=tuple(name_list(args.orders, "--orders", ORDERS)),
                            loaders=tuple(name_list(args.loaders, "--loaders", LOADERS)))
@@ -95,23 +95,23 @@ def _version_probe(args: argparse.Namespace, stop: StopToken):
             raise ConfigError(f"--audit {args.audit}: not a checkpoint directory")
     else:
         if not args.cell:
-            raise ConfigError("--config needs --cell ID: the one cell to probe (`regbench plan` lists them)")
+            raise ConfigError("--config needs --cell ID: the one cell to try (`regbench plan` lists them)")
         config = load_config(args.config)
         cell = find_cell(config, args.cell)
         python = cell.image.python
-        probe = CellProbe(config=config, cell=cell, axis="image" if args.images else "runai-model-streamer",
+        trial = CellTrial(config=config, cell=cell, axis="image" if args.images else "runai-model-streamer",
                           cache=cache, progress=None, stop=stop)
     if args.images is not None:
         versions = [v.strip() for v in args.images.split(",") if v.strip()]
     else:
         versions = select_versions(args.streamer, available_versions(python) if ".." in args.streamer else None)
-    return probe, versions
+    return trial, versions
 
 
 def main(args: argparse.Namespace) -> int:
-    """`versions` (the map) and `bisect`: one probe across versions, results in a folder."""
+    """`versions` (the map) and `bisect`: one trial per version, results in a folder."""
     stop = StopToken()
-    probe, versions = _version_probe(args, stop)
+    trial, versions = _version_trial(args, stop)
     mode = "bisect" if args.command == "bisect" else "map"
     if mode == "bisect":
         for end, flag in ((args.good, "--good"), (args.bad, "--bad")):
@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{flag} {end}: not one of the versions ({', '.join(versions)})")
     if not 0 < args.rate <= 1 or not 0 < args.confidence < 1:
         raise ConfigError("--rate must be in (0, 1] and --confidence in (0, 1)")
-    fresh = VersionMap(mode=mode, axis="image" if args.images else "runai-model-streamer", probe=probe.describe(),
+    fresh = VersionMap(mode=mode, axis="image" if args.images else "runai-model-streamer", trial=trial.describe(),
                        versions=versions, plan=Plan(rate=args.rate, confidence=args.confidence), outcomes=[],
                        good=args.good if mode == "bisect" else None, bad=args.bad if mode == "bisect" else None)
     root = Path(args.dir) if args.dir else Path(args.results) / new_run_id(mode + "-versions")
@@ -137,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
     err.print(f"{mode} of {len(versions)} version(s) into {root}", highlight=False)
     run = run_bisect if mode == "bisect" else run_map
-    vmap = run(probe, root, vmap, save, status)
+    vmap = run(trial, root, vmap, save, status)
     out.print(versions_table(vmap))
     out.print(f"results: {root}", highlight=False)
     if vmap.interrupted:

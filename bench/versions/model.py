@@ -1,38 +1,41 @@
-"""Version maps and bisect: one probe across the ordered versions of one axis. Pure, no I/O.
+"""Version maps and bisect: one trial per version, across the ordered versions of one axis. Pure,
+no I/O.
 
-A probe is either the weight audit (seconds per version) or one cell of a matrix (a server boot
+A trial is either the weight audit (seconds per version) or one cell of a matrix (a server boot
 per repeat); `bench.versions` runs them. This module turns their results into outcomes, groups
 adjacent versions with the same outcome into regimes, names the change points, and decides
-which version a bisect probes next.
+which version a bisect tries next.
 
 Outcome kinds, the one taxonomy of this module:
 
-    passes              the probe found nothing wrong in any of its runs
+    passes              the trial found nothing wrong in any of its runs
     loses_weights       the loader delivered fewer tensors than the files hold, and said nothing
     alters_weights      tensors arrived with other bytes, dtype or shape, twice, or unknown
     fails_at_load       the loader raised while streaming (loud: a user sees it)
     boot_fails          the server did not come up
     empty_completions   the server answered, with empty text
     wrong_outputs       another failing verdict of the judge (the reasons are in the detail)
-    unsupported         the probe cannot drive this version (no loader API it knows): unknown
+    unsupported         the audit's reader cannot drive this version (no loader API it knows): unknown
     not_installed       the version could not be installed or imported: unknown
 
 The first is good, the last two unknown, the rest bad. Bad is settled by one failing run: the
 judge's findings are not noise (a healthy server does not return empty text). Good is only as
-sure as its runs: a probe repeats fresh runs until one fails or `repeats_needed(rate,
+sure as its runs: a trial repeats fresh runs until one fails or `repeats_needed(rate,
 confidence)` have passed (the planner's numbers, bench.core.stats), so "passes" means "a failure
 rate of `rate` or more would have shown with probability `confidence`".
 
 Bisect assumes one change between its two ends. It cannot see several (a version range that goes
-bad, good and bad again shows only one of its changes, or none); the map probes every version and
-shows them all. Run the map when probes are cheap (the audit) or the ends are far apart in kind;
-bisect when a probe costs minutes.
+bad, good and bad again shows only one of its changes, or none); the map tries every version and
+shows them all. Run the map when trials are cheap (the audit) or the ends are far apart in kind;
+bisect when a trial costs minutes.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 from itertools import pairwise
+
+from pydantic import AliasChoices, Field
 
 from bench.core.records import Record
 from bench.core.stats import detection_probability, repeats_needed
@@ -52,7 +55,7 @@ class Kind(StrEnum):
 
     @property
     def good(self) -> bool | None:
-        """True: passes; False: a failure was seen; None: the probe could not tell."""
+        """True: passes; False: a failure was seen; None: the trial could not tell."""
         if self is Kind.PASSES:
             return True
         if self in (Kind.UNSUPPORTED, Kind.NOT_INSTALLED):
@@ -72,7 +75,7 @@ WORDS = {
     Kind.BOOT_FAILS: "boot fails",
     Kind.EMPTY_COMPLETIONS: "empty completions",
     Kind.WRONG_OUTPUTS: "wrong outputs",
-    Kind.UNSUPPORTED: "probe not supported by this loader version",
+    Kind.UNSUPPORTED: "the reader cannot drive this loader version",
     Kind.NOT_INSTALLED: "cannot be installed",
 }
 
@@ -93,11 +96,11 @@ def cell_kind(reasons: set[Reason]) -> Kind:
 
 
 class Outcome(Record):
-    """One version's probe: its kind, over how many runs, and where its results are."""
+    """One version's trial: its kind, over how many runs, and where its results are."""
 
     version: str
     kind: Kind
-    detail: str = ""  # the first failing run's finding, or why the probe could not tell
+    detail: str = ""  # the first failing run's finding, or why the trial could not tell
     runs: int = 0
     failures: int = 0
     folder: str = ""  # relative to the map's folder
@@ -180,7 +183,7 @@ class BisectError(ValueError):
 
 
 class BisectState(Record):
-    """Where a bisect stands after the probes it has: the next version to probe, or its answer."""
+    """Where a bisect stands after the trials it has: the next version to try, or its answer."""
 
     next: str | None  # None: finished
     interval: tuple[str, str] | None = None  # the last good and first bad version known so far
@@ -202,13 +205,13 @@ def _span(versions: list[str], good: str, bad: str) -> list[str]:
 
 
 def bisect_state(versions: list[str], good: str, bad: str, outcomes: dict[str, Outcome]) -> BisectState:
-    """Both ends first (a version is good only once its probe says so), then the untold version
+    """Both ends first (a version is good only once its trial says so), then the untold version
     nearest the middle of the interval between the last good and the first bad; versions the
-    probe cannot tell are stepped over and named in the answer."""
+    trial cannot tell are stepped over and named in the answer."""
     span = _span(versions, good, bad)
     for end in (span[0], span[-1]):
         if end not in outcomes:
-            return BisectState(next=end, verdict=f"probing the end {end}")
+            return BisectState(next=end, verdict=f"trying the end {end}")
     first, last = outcomes[span[0]], outcomes[span[-1]]
     if first.good is not True:
         return BisectState(next=None, verdict=f"the good end {span[0]} does not pass ({first.kind.words}): "
@@ -246,10 +249,11 @@ class VersionMap(Record):
 
     mode: str  # "map" or "bisect"
     axis: str  # "runai-model-streamer" or "image"
-    probe: str  # what was run per version, in words
-    versions: list[str]  # the ordered list the probe ran over (bisect: the whole range)
+    # What was run per version, in words; a map written before trials had that name says "probe".
+    trial: str = Field(validation_alias=AliasChoices("trial", "probe"))
+    versions: list[str]  # the ordered list the trials ran over (bisect: the whole range)
     plan: Plan
-    outcomes: list[Outcome]  # map: in version order; bisect: in the order they were probed
+    outcomes: list[Outcome]  # map: in version order; bisect: in the order they were tried
     good: str | None = None
     bad: str | None = None
     bisect: BisectState | None = None

@@ -13,12 +13,12 @@ def _cell(text: str) -> str:
 
 def headline(vmap: VersionMap) -> str:
     if vmap.mode == "bisect" and vmap.bisect is not None:
-        probed = len(vmap.outcomes)
-        return (f"{vmap.bisect.verdict} — {probed} probe(s) for {len(vmap.versions)} versions "
-                f"(a map probes all {len(vmap.versions)})")
+        tried = len(vmap.outcomes)
+        return (f"{vmap.bisect.verdict} — {tried} trial(s) for {len(vmap.versions)} versions "
+                f"(a map tries all {len(vmap.versions)})")
     changes = vmap.change_points
     if not vmap.outcomes:
-        return "nothing probed yet"
+        return "nothing tried yet"
     if not changes:
         return f"one regime: every version {vmap.outcomes[0].kind.words}"
     return f"{len(changes)} change point(s): " + "; ".join(c.describe() for c in changes)
@@ -29,7 +29,7 @@ def markdown(vmap: VersionMap) -> str:
     lines = [
         f"# {title}: {vmap.axis}",
         "",
-        f"Probe: {vmap.probe}.",
+        f"Trial: {vmap.trial}.",
         f"A passing version ran {vmap.plan.repeats} fresh run(s): a failure rate of {vmap.plan.rate:.0%} or more "
         f"would show with {vmap.plan.confidence:.0%} confidence; one failing run settles a failing version.",
     ]
@@ -43,7 +43,7 @@ def markdown(vmap: VersionMap) -> str:
         lines += ["## Regimes", "", "| versions | outcome |", "|---|---|"]
         lines += [f"| {r.span} | {r.kind.words} |" for r in vmap.regimes]
         lines.append("")
-    lines += ["## Probes" + (" in the order run" if vmap.mode == "bisect" else ""), "",
+    lines += ["## Trials" + (" in the order run" if vmap.mode == "bisect" else ""), "",
               "| version | outcome | how sure | detail | results |", "|---|---|---|---|---|"]
     for o in vmap.outcomes:
         lines.append(f"| {o.version} | {o.kind.words} | {_cell(o.sureness(vmap.plan.rate))} | "

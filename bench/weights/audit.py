@@ -9,15 +9,15 @@ must arrive exactly once, with the file's bytes, dtype and shape, whatever order
 in (vLLM's runai_streamer loader hands them over in directory-listing order).
 
 The bench process has neither torch nor the streamer, so the streaming is done by
-``audit_probe.py`` run with the system-under-test's Python and overlay (the same PYTHONPATH
+``reader.py`` run with the system-under-test's Python and overlay (the same PYTHONPATH
 semantics as a run's image), while the bench hashes the baseline from the raw files meanwhile.
-A loader that raises is a finding; a probe that cannot start at all is a ProbeError.
+A loader that raises is a finding; a reader that cannot start at all is a ReaderError.
 
-Where the probe runs: a process of this host, or, given an image reference, a container of that
-image; each is a probe back-end registered by name (bench.weights.probes: audit_local,
+Where the reader runs: a process of this host, or, given an image reference, a container of that
+image; each is a reader back-end registered by name (bench.weights.readers: audit_local,
 audit_docker, the latter imported only then: a local audit never imports the docker SDK). Both
-are context managers with the same two calls (bench.weights.protocols.Probe), and leaving them
-always ends the probe.
+are context managers with the same two calls (bench.weights.protocols.Reader), and leaving them
+always ends the reader.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from pydantic import Field, TypeAdapter, ValidationError
 from bench.core.config import Image
 from bench.core.location import is_object_uri
 from bench.core.records import Record
-from bench.weights import probes
+from bench.weights import readers
 from bench.weights.checkpoint import TensorHash, checkpoint_files, hash_tensors, inspect_files, observed_stop
-from bench.weights.errors import AuditError, ProbeError
+from bench.weights.errors import AuditError, ReaderError
 from bench.weights.model import AuditReport, AuditRun, CheckpointReport, FileLoss, Mismatch, Shard, Skipped, TensorInfo
-from bench.weights.protocols import ProbeSpec
+from bench.weights.protocols import ReaderSpec
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its .venv-vllm is the default Python
 ORDERS = ("sorted", "reversed", "listing")
@@ -57,11 +57,11 @@ def default_python() -> str:
     return str(venv) if venv.exists() else "python3"
 
 
-# --- the probe's output ---------------------------------------------------------------------------
+# --- the reader's output ---------------------------------------------------------------------------
 
 
-class ProbeHello(Record):
-    type: Literal["probe"]
+class ReaderHello(Record):
+    type: Literal["hello"]
     python: str
     streamer_version: str
     streamer_path: str
@@ -73,7 +73,7 @@ class ProbeHello(Record):
     vllm_seconds: float | None = None  # loading vLLM's iterator
 
 
-class ProbeBegin(Record):
+class ReaderBegin(Record):
     type: Literal["begin"]
     order: str
     loader: str
@@ -90,27 +90,27 @@ class Delivered(Record):
     sha256: str
 
 
-class ProbeEnd(Record):
+class ReaderEnd(Record):
     type: Literal["end"]
     order: str
     loader: str
     error: str | None
     seconds: float
-    unsupported: str | None = None  # the probe cannot drive this loader release: nothing was audited
+    unsupported: str | None = None  # the reader cannot drive this loader release: nothing was audited
 
 
-class ProbeDone(Record):
+class ReaderDone(Record):
     type: Literal["done"]
     streamer_version: str
 
 
-class ProbeFatal(Record):
+class ReaderFatal(Record):
     type: Literal["fatal"]
     error: str
 
 
-ProbeLine = TypeAdapter(
-    Annotated[ProbeHello | ProbeBegin | Delivered | ProbeEnd | ProbeDone | ProbeFatal, Field(discriminator="type")]
+ReaderLine = TypeAdapter(
+    Annotated[ReaderHello | ReaderBegin | Delivered | ReaderEnd | ReaderDone | ReaderFatal, Field(discriminator="type")]
 )
 
 
@@ -201,7 +201,7 @@ def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], deliver
     in_order = [by_file.get(f) or Shard(file=f, size=0) for f in run.files]
     stop = observed_stop(run.order, in_order, missing_per_file) if losses else None
     if stop is not None and error is not None:
-        # The loader raised (or the probe died): the stream ended there, not at an empty shard.
+        # The loader raised (or the reader died): the stream ended there, not at an empty shard.
         stop = stop.model_copy(update={"stop_at": None})
     return AuditRun(
         order=run.order, loader=loader, files=run.files, expected=len(baseline), delivered=len(delivered),
@@ -210,49 +210,49 @@ def compare(run: FileOrder, loader: str, baseline: Sequence[TensorHash], deliver
     )
 
 
-# --- running the probe ----------------------------------------------------------------------------
+# --- running the reader ---------------------------------------------------------------------------
 
 
 @dataclass
-class _ProbeRun:
-    hello: ProbeHello
+class _ReaderRun:
+    hello: ReaderHello
     delivered: dict[tuple[str, str], list[Delivered]]
-    ended: dict[tuple[str, str], ProbeEnd]
+    ended: dict[tuple[str, str], ReaderEnd]
     begun: list[tuple[str, str]]
 
 
-def _parse(text: str, stderr_tail: str, reason: str | None = None) -> _ProbeRun:
+def _parse(text: str, stderr_tail: str, reason: str | None = None) -> _ReaderRun:
     hello = None
     delivered: dict[tuple[str, str], list[Delivered]] = defaultdict(list)
-    ended: dict[tuple[str, str], ProbeEnd] = {}
+    ended: dict[tuple[str, str], ReaderEnd] = {}
     begun: list[tuple[str, str]] = []
     for raw in text.splitlines():
         try:
-            line = ProbeLine.validate_json(raw)
+            line = ReaderLine.validate_json(raw)
         except ValidationError as exc:
-            raise ProbeError(f"the probe wrote a line that is not part of its protocol: {raw[:200]!r}\n{exc}") from None
-        if isinstance(line, ProbeFatal):
-            raise ProbeError(f"the probe cannot stream: {line.error}")
-        if isinstance(line, ProbeHello):
+            raise ReaderError(f"the reader wrote a line that is not part of its protocol: {raw[:200]!r}\n{exc}") from None
+        if isinstance(line, ReaderFatal):
+            raise ReaderError(f"the reader cannot stream: {line.error}")
+        if isinstance(line, ReaderHello):
             hello = line
-        elif isinstance(line, ProbeBegin):
+        elif isinstance(line, ReaderBegin):
             begun.append((line.order, line.loader))
         elif isinstance(line, Delivered):
             delivered[(line.order, line.loader)].append(line)
-        elif isinstance(line, ProbeEnd):
+        elif isinstance(line, ReaderEnd):
             ended[(line.order, line.loader)] = line
     if hello is None:
         how = f": {reason}" if reason else ""
-        raise ProbeError(f"the probe stopped before it could import the streamer{how}\n{stderr_tail}")
-    return _ProbeRun(hello=hello, delivered=delivered, ended=ended, begun=begun)
+        raise ReaderError(f"the reader stopped before it could import the streamer{how}\n{stderr_tail}")
+    return _ReaderRun(hello=hello, delivered=delivered, ended=ended, begun=begun)
 
 
 def _exit_reason(code: int | None, timed_out: float | None) -> str:
     if timed_out is not None:
         return f"timed out after {timed_out:.0f} s"
     if code is not None and code < 0:
-        return f"the probe died of signal {-code} ({signal.strsignal(-code)})"
-    return f"the probe exited with code {code}"
+        return f"the reader died of signal {-code} ({signal.strsignal(-code)})"
+    return f"the reader exited with code {code}"
 
 
 def audit_checkpoint(
@@ -273,17 +273,17 @@ def audit_checkpoint(
 ) -> AuditReport:
     """Streams the checkpoint in every order with every loader and compares with the files.
 
-    ``image_ref``: run the probe in a container of that image instead of on this host (``pull``:
+    ``image_ref``: run the reader in a container of that image instead of on this host (``pull``:
     its pull policy); ``python`` and ``pythonpath`` are then the image's, ``overlays`` host folders
     mounted in and put first on its PYTHONPATH (an image's overlay under the docker launcher), and
     ``run_id`` labels the container for `regbench clean` (default "audit").
-    Raises NotACheckpoint, AuditError (bad arguments) or ProbeError (the probe could not run)."""
+    Raises NotACheckpoint, AuditError (bad arguments) or ReaderError (the reader could not run)."""
     remote = isinstance(path, str) and is_object_uri(path)
     env = dict(env or {})
     unknown = [name for name in loaders if name not in LOADERS]
     if unknown or not loaders:
         raise AuditError(f"loaders must be some of {', '.join(LOADERS)}, got {list(loaders)}")
-    # The bench reads object storage under the same variables as the probe (and the server).
+    # The bench reads object storage under the same variables as the reader (and the server).
     files = checkpoint_files(path if remote else Path(path).resolve(), {**os.environ, **env})
     where = files.where.rstrip("/")
     report = inspect_files(files)
@@ -295,7 +295,7 @@ def audit_checkpoint(
     try:
         image = Image(name="audit", ref=image_ref, pull=pull, python=python, pythonpath=list(pythonpath), env=env)
     except ValidationError as exc:
-        raise AuditError(f"invalid probe settings: {exc.errors(include_url=False)[0]['msg']}") from None
+        raise AuditError(f"invalid reader settings: {exc.errors(include_url=False)[0]['msg']}") from None
 
     with tempfile.TemporaryDirectory(prefix="regbench-audit-") as scratch_dir:
         scratch = Path(scratch_dir)
@@ -305,13 +305,13 @@ def audit_checkpoint(
             "loaders": list(loaders),
         }))
         local = None if remote or image_ref is None else Path(where)
-        spec = ProbeSpec(image=image, plan=plan, scratch=scratch, checkpoint=local,
+        spec = ReaderSpec(image=image, plan=plan, scratch=scratch, checkpoint=local,
                          files=() if local is None else tuple(local / shard.file for shard in report.shards),
                          overlays=tuple(overlays), run_id=run_id or "audit")
-        # An image reference is what runs the probe in a container of the image.
-        probe = probes.start("local" if image_ref is None else "docker", spec)
-        with probe as running:
-            # The probe spends its first seconds importing torch: hash the baseline meanwhile.
+        # An image reference is what runs the reader in a container of the image.
+        reader = readers.start("local" if image_ref is None else "docker", spec)
+        with reader as running:
+            # The reader spends its first seconds importing torch: hash the baseline meanwhile.
             started = time.monotonic()
             try:
                 baseline = hash_tensors(where, report.shards, workers, files)
@@ -320,7 +320,7 @@ def audit_checkpoint(
             baseline_s = time.monotonic() - started
             code = running.wait(timeout_s)
             timed_out = timeout_s if code is None else None
-            probe_s = time.monotonic() - started
+            reader_s = time.monotonic() - started
             stdout, stderr_tail = running.output()
         reason = _exit_reason(code, timed_out)
         parsed = _parse(stdout, stderr_tail, reason)
@@ -345,7 +345,7 @@ def audit_checkpoint(
             results.append(compare(run, loader, baseline, parsed.delivered.get(key, []), error, seconds,
                                    report.shards))
     if not results:
-        raise ProbeError(f"nothing was audited: vLLM does not import ({parsed.hello.vllm_error})")
+        raise ReaderError(f"nothing was audited: vLLM does not import ({parsed.hello.vllm_error})")
     skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {parsed.hello.vllm_error}")] \
         if parsed.hello.vllm_error is not None else []
     return AuditReport(
@@ -354,8 +354,8 @@ def audit_checkpoint(
         torch_version=parsed.hello.torch_version, vllm_version=parsed.hello.vllm_version,
         vllm_iterator=parsed.hello.vllm_iterator, skipped=skipped,
         baseline_tensors=len(baseline), baseline_bytes=sum(h.nbytes for h in baseline),
-        baseline_seconds=round(baseline_s, 3), probe_exit_code=None if timed_out else code,
-        probe_seconds=round(probe_s, 3), probe_import_seconds=parsed.hello.import_seconds,
-        probe_vllm_seconds=parsed.hello.vllm_seconds, runs=results,
+        baseline_seconds=round(baseline_s, 3), reader_exit_code=None if timed_out else code,
+        reader_seconds=round(reader_s, 3), reader_import_seconds=parsed.hello.import_seconds,
+        reader_vllm_seconds=parsed.hello.vllm_seconds, runs=results,
         checkpoint_problems=report.problems, problems=[r.line() for r in results if r.problem],
     )

@@ -1,12 +1,12 @@
-"""The weight audit's probe in a container of the image under test (bench.weights.audit).
+"""The weight audit's reader in a container of the image under test (bench.weights.audit).
 
 Under the docker launcher a cell's weights are loaded by its image: the image's Python, torch and
-runai-model-streamer, which this host may not have at all. So the audit runs the same probe in a
+runai-model-streamer, which this host may not have at all. So the audit runs the same reader in a
 container of that image:
-  - the probe script and its plan mounted read-only at PROBE_DIR, the image's ENTRYPOINT (vLLM's
-    CLI) replaced by ``python PROBE PLAN``;
+  - the reader script and its plan mounted read-only at READER_DIR, the image's ENTRYPOINT (vLLM's
+    CLI) replaced by ``python READER PLAN``;
   - the checkpoint folder mounted read-only at the same absolute path as on this host (and the
-    folders its shard files link to, at theirs), so that the plan, the probe's messages and the
+    folders its shard files link to, at theirs), so that the plan, the reader's messages and the
     report all name the files as the bench does and no path is rewritten;
   - overlay folders (an image's `pythonpath` under the docker launcher) mounted read-only at
     OVERLAY_ROOT/<i>, as the launcher does, and put first on PYTHONPATH;
@@ -17,7 +17,7 @@ container of that image:
     endpoint; labelled like the launcher's containers, so `regbench clean` finds one that a
     killed bench left.
 The container is removed whatever happens: time-out, error, Ctrl-C, or a start that failed half
-way. Its stdout (the probe's JSON lines) and stderr are read apart, once it has exited.
+way. Its stdout (the reader's JSON lines) and stderr are read apart, once it has exited.
 Mounts are host paths: the engine must run on this host, as for the launcher's model mounts.
 """
 
@@ -37,11 +37,11 @@ from bench.core.config import Image
 from bench.serve.errors import StartError
 from bench.serve.launch import image_env
 from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, checkpoint_mounts, client, ensure_image, labels
-from bench.weights.errors import ProbeError
-from bench.weights.probes import register
-from bench.weights.protocols import PROBE, TAIL_LINES, ProbeSpec
+from bench.weights.errors import ReaderError
+from bench.weights.protocols import READER, TAIL_LINES, ReaderSpec
+from bench.weights.readers import register
 
-PROBE_DIR = "/opt/regbench/audit"
+READER_DIR = "/opt/regbench/audit"
 CELL_LABEL = "audit"  # the label's cell: `regbench clean` finds the container by its run id, or by LABEL=1
 KILL_WAIT_S = 30.0
 SIGNALS = {s.value for s in signal.Signals}
@@ -56,8 +56,8 @@ def volumes(plan: Path, checkpoint: Path | None, files: list[Path], overlays: li
     """The container's read-only mounts (pure but for resolving the files' links). `checkpoint`
     None: the files are in object storage, nothing to mount for them."""
     out = {
-        str(PROBE): {"bind": f"{PROBE_DIR}/{PROBE.name}", "mode": "ro"},
-        str(plan): {"bind": f"{PROBE_DIR}/plan.json", "mode": "ro"},
+        str(READER): {"bind": f"{READER_DIR}/{READER.name}", "mode": "ro"},
+        str(plan): {"bind": f"{READER_DIR}/plan.json", "mode": "ro"},
     }
     for i, path in enumerate(overlays):
         out[str(Path(path).resolve())] = {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"}
@@ -74,9 +74,9 @@ def volumes(plan: Path, checkpoint: Path | None, files: list[Path], overlays: li
     return out
 
 
-class ContainerProbe:
-    """bench.weights.audit's probe as a container of ``image.ref`` (a context manager: see
-    bench.weights.protocols.Probe). ``image.python`` and ``image.pythonpath`` are the image's own."""
+class ContainerReader:
+    """bench.weights.audit's reader as a container of ``image.ref`` (a context manager: see
+    bench.weights.protocols.Reader). ``image.python`` and ``image.pythonpath`` are the image's own."""
 
     def __init__(self, image: Image, plan: Path, checkpoint: Path | None, files: list[Path], overlays: list[str],
                  run_id: str):
@@ -90,7 +90,7 @@ class ContainerProbe:
         self.docker: docker.DockerClient | None = None
         self.container: DockerContainer | None = None
 
-    def __enter__(self) -> ContainerProbe:
+    def __enter__(self) -> ContainerReader:
         try:
             self._start()
         except BaseException:
@@ -102,7 +102,7 @@ class ContainerProbe:
         try:
             self.docker = client()
         except DockerUnavailable as exc:
-            raise ProbeError(str(exc)) from None
+            raise ReaderError(str(exc)) from None
         ref = self.image.ref
         try:
             img = ensure_image(self.docker, self.image)
@@ -111,21 +111,21 @@ class ContainerProbe:
                 name, _, value = var.partition("=")
                 image_vars[name] = value
         except StartError as exc:
-            raise ProbeError(str(exc)) from None
+            raise ReaderError(str(exc)) from None
         except API_ERRORS as exc:
-            raise ProbeError(f"image {ref}: {_explain(exc)}") from None
+            raise ReaderError(f"image {ref}: {_explain(exc)}") from None
         env = image_env(self.image.model_copy(update={"pythonpath": self.pythonpath}), image_vars)
         try:
             # By the image's id, as the launcher: the tag cannot move between the check and here.
             self.container = self.docker.containers.create(
-                str(img.id), entrypoint=[self.image.python, f"{PROBE_DIR}/{PROBE.name}", f"{PROBE_DIR}/plan.json"],
+                str(img.id), entrypoint=[self.image.python, f"{READER_DIR}/{READER.name}", f"{READER_DIR}/plan.json"],
                 environment=env, volumes=self.volumes, network_mode=self.network, labels=self.labels, name=self.name,
                 detach=True,
             )
             self.container.start()
         except API_ERRORS as exc:
             # Also what a missing `python` in the image looks like (the runtime cannot exec it).
-            raise ProbeError(f"cannot run {self.image.python} in a container of {ref}: {_explain(exc)}") from None
+            raise ReaderError(f"cannot run {self.image.python} in a container of {ref}: {_explain(exc)}") from None
 
     def wait(self, timeout_s: float) -> int | None:
         assert self.container is not None
@@ -136,13 +136,13 @@ class ContainerProbe:
                 self.container.kill()
                 self.container.wait(timeout=KILL_WAIT_S)
             except API_ERRORS as exc:
-                raise ProbeError(f"the probe's container {self.name} timed out and cannot be stopped: "
+                raise ReaderError(f"the reader's container {self.name} timed out and cannot be stopped: "
                                  f"{_explain(exc)}") from None
             return None
         except API_ERRORS as exc:
-            raise ProbeError(f"lost the probe's container {self.name}: {_explain(exc)}") from None
+            raise ReaderError(f"lost the reader's container {self.name}: {_explain(exc)}") from None
         code = int(status["StatusCode"])
-        # The engine reports a process killed by signal N as 128 + N; the local probe's exit code
+        # The engine reports a process killed by signal N as 128 + N; the local reader's exit code
         # says -N: the same words for both (bench.weights.audit._exit_reason).
         return -(code - 128) if code - 128 in SIGNALS else code
 
@@ -152,7 +152,7 @@ class ContainerProbe:
             out = self.container.logs(stdout=True, stderr=False)
             err = self.container.logs(stdout=False, stderr=True)
         except API_ERRORS as exc:
-            raise ProbeError(f"cannot read the output of the probe's container {self.name}: {_explain(exc)}") from None
+            raise ReaderError(f"cannot read the output of the reader's container {self.name}: {_explain(exc)}") from None
         tail = err.decode("utf-8", "replace").splitlines()[-TAIL_LINES:]
         return out.decode("utf-8", "replace"), "\n".join(tail)
 
@@ -166,7 +166,7 @@ class ContainerProbe:
             pass
         except API_ERRORS as exc:
             if not quiet:
-                raise ProbeError(f"cannot remove the probe's container {self.name} ({_explain(exc)}); "
+                raise ReaderError(f"cannot remove the reader's container {self.name} ({_explain(exc)}); "
                                  "`regbench clean` removes it") from None
         finally:
             self.docker.close()
@@ -177,5 +177,5 @@ class ContainerProbe:
 
 
 @register("docker", needs=("ref", "python"))
-def start(spec: ProbeSpec) -> ContainerProbe:
-    return ContainerProbe(spec.image, spec.plan, spec.checkpoint, list(spec.files), list(spec.overlays), spec.run_id)
+def start(spec: ReaderSpec) -> ContainerReader:
+    return ContainerReader(spec.image, spec.plan, spec.checkpoint, list(spec.files), list(spec.overlays), spec.run_id)

@@ -1,5 +1,5 @@
-"""The weight audit's probe as a process of this host, with the image's Python and overlay
-(bench.weights.audit): the probe back-end of the local launcher."""
+"""The weight audit's reader as a process of this host, with the image's Python and overlay
+(bench.weights.audit): the reader back-end of the local launcher."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from types import TracebackType
 from typing import IO
 
 from bench.serve.launch import image_env
-from bench.weights.errors import ProbeError
-from bench.weights.probes import register
-from bench.weights.protocols import PROBE, TAIL_LINES, ProbeSpec
+from bench.weights.errors import ReaderError
+from bench.weights.protocols import READER, TAIL_LINES, ReaderSpec
+from bench.weights.readers import register
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -21,18 +21,18 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     return "\n".join(text[-lines:])
 
 
-class LocalProbe:
-    """The probe as a process of this host, in a session of its own (killed as a group), its
+class LocalReader:
+    """The reader as a process of this host, in a session of its own (killed as a group), its
     stdout and stderr to files in the scratch folder."""
 
     def __init__(self, python: str, plan: Path, env: dict[str, str], scratch: Path):
-        self.argv = [python, str(PROBE), str(plan)]
+        self.argv = [python, str(READER), str(plan)]
         self.env = env
         self.out_path, self.err_path = scratch / "stdout", scratch / "stderr"
         self.files: list[IO[bytes]] = []
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> LocalProbe:
+    def __enter__(self) -> LocalReader:
         out, err = self.out_path.open("wb"), self.err_path.open("wb")
         self.files = [out, err]
         try:
@@ -40,7 +40,7 @@ class LocalProbe:
                                          env=self.env, start_new_session=True)
         except OSError as exc:
             self._close()
-            raise ProbeError(f"cannot run {self.argv[0]}: {exc}") from None
+            raise ReaderError(f"cannot run {self.argv[0]}: {exc}") from None
         return self
 
     def wait(self, timeout_s: float) -> int | None:
@@ -70,5 +70,5 @@ class LocalProbe:
 
 
 @register("local", needs=("python",))
-def start(spec: ProbeSpec) -> LocalProbe:
-    return LocalProbe(spec.image.python, spec.plan, image_env(spec.image, dict(os.environ)), spec.scratch)
+def start(spec: ReaderSpec) -> LocalReader:
+    return LocalReader(spec.image.python, spec.plan, image_env(spec.image, dict(os.environ)), spec.scratch)

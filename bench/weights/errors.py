@@ -1,4 +1,4 @@
-"""The weight audit's errors, raised by the audit and by every probe back-end."""
+"""The weight audit's errors, raised by the audit and by every reader back-end."""
 
 from __future__ import annotations
 
@@ -9,5 +9,5 @@ class AuditError(RegbenchError, ValueError):
     """An audit that cannot be run as asked: unknown order or loader, nothing to stream."""
 
 
-class ProbeError(RegbenchError, RuntimeError):
-    """The probe could not run: no such Python, the streamer does not import, it crashed at once."""
+class ReaderError(RegbenchError, RuntimeError):
+    """The reader could not run: no such Python, the streamer does not import, it crashed at once."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import AliasChoices, Field
+
 from bench.core.records import Record
 
 # --- inspect: what the headers say ----------------------------------------------------------------
@@ -197,9 +199,9 @@ class AuditRun(Record):
     # The stream stopped: no shard with tensors after the last one that delivered got through.
     # Described with the same StreamStop as `inspect`'s prediction.
     stop: StreamStop | None = None
-    error: str | None = None  # the loader raised, timed out, or the probe died during this run
+    error: str | None = None  # the loader raised, timed out, or the reader died during this run
     seconds: float | None = None
-    # The probe has no way to call this release of the loader: the run says nothing about the
+    # The reader has no way to call this release of the loader: the run says nothing about the
     # weights, so it has no missing tensors and is neither ok nor a problem.
     unsupported: str | None = None
 
@@ -217,7 +219,7 @@ class AuditRun(Record):
         """One line per run; ``with_stop=False`` leaves out the stop's description (``stop.describe()``,
         the same words as `inspect`'s) for a view that prints it on a line of its own."""
         if self.unsupported:
-            return (f"order={self.order} loader={self.loader}: not audited, probe not supported by this "
+            return (f"order={self.order} loader={self.loader}: not audited, the reader cannot drive this "
                     f"loader version: {self.unsupported}")
         text = f"order={self.order} loader={self.loader}: {self.delivered}/{self.expected} tensors delivered"
         stopped = set(self.stop.lost_files) if self.stop is not None else set()
@@ -244,26 +246,32 @@ class Skipped(Record):
     reason: str
 
 
+def _was_probe(figure: str) -> AliasChoices:
+    """An AuditReport field named reader_<figure>, read under its old name probe_<figure> too."""
+    return AliasChoices(f"reader_{figure}", f"probe_{figure}")
+
+
 class AuditReport(Record):
     path: str
     python: str
     pythonpath: list[str]
     env: dict[str, str]
-    image: str | None = None  # the image whose container ran the probe; None: this host
+    image: str | None = None  # the image whose container ran the reader; None: this host
     overlays: list[str] = []  # host folders mounted into that container, first on its PYTHONPATH
     streamer_version: str
     streamer_path: str
     torch_version: str
     vllm_version: str | None
-    vllm_iterator: str | None = None  # how the probe loaded vLLM's runai_safetensors_weights_iterator
+    vllm_iterator: str | None = None  # how the reader loaded vLLM's runai_safetensors_weights_iterator
     skipped: list[Skipped]
     baseline_tensors: int
     baseline_bytes: int
     baseline_seconds: float
-    probe_exit_code: int | None  # None: killed on timeout
-    probe_seconds: float | None = None  # the probe process, start to exit
-    probe_import_seconds: float | None = None  # of which importing torch and the streamer
-    probe_vllm_seconds: float | None = None  # and loading vLLM's iterator
+    # The reader process (bench.weights.reader): a report written before it had that name says probe_*.
+    reader_exit_code: int | None = Field(validation_alias=_was_probe("exit_code"))  # None: killed on timeout
+    reader_seconds: float | None = Field(None, validation_alias=_was_probe("seconds"))  # start to exit
+    reader_import_seconds: float | None = Field(None, validation_alias=_was_probe("import_seconds"))  # of which torch+streamer
+    reader_vllm_seconds: float | None = Field(None, validation_alias=_was_probe("vllm_seconds"))  # and vLLM's iterator
     runs: list[AuditRun]
     checkpoint_problems: list[Problem]  # from inspect, for context: the verdict is about the runs
     problems: list[str]  # one line per run that lost, duplicated, altered or raised

@@ -20,10 +20,10 @@ from bench.core.matrix import Cell
 from bench.core.records import PreflightRecord
 from bench.serve.launch import loader_env, server_env
 from bench.serve.protocols import AuditSite
-from bench.weights import probes
+from bench.weights import readers
 from bench.weights.audit import audit_checkpoint
 from bench.weights.checkpoint import NotACheckpoint, inspect_checkpoint
-from bench.weights.errors import AuditError, ProbeError
+from bench.weights.errors import AuditError, ReaderError
 
 STREAMING_FORMATS = {"runai_streamer", "runai_streamer_sharded"}
 AUDIT_ORDERS = ("sorted", "listing")
@@ -46,11 +46,11 @@ def preflight(
     config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None,
     audit_in: AuditSite = "local", run_id: str | None = None,
 ) -> list[PreflightRecord]:
-    """`audit_in` (the launcher's, bench.serve.protocols.Launcher.audit_in): the probe back-end
-    (bench.weights.probes): "local", the image's Python and overlay on this host; "docker", a
+    """`audit_in` (the launcher's, bench.serve.protocols.Launcher.audit_in): the reader back-end
+    (bench.weights.readers): "local", the image's Python and overlay on this host; "docker", a
     container of the image (`ref`) with the overlay mounted as the docker launcher mounts it,
     labelled with `run_id`."""
-    needed = probes.needs(audit_in)
+    needed = readers.needs(audit_in)
     out: list[PreflightRecord] = []
     for cell in {c.model.name: c for c in cells}.values():
         model = cell.model
@@ -90,12 +90,12 @@ def preflight(
                 image_ref=cell.image.ref if boxed else None, pull=cell.image.pull,
                 overlays=cell.image.pythonpath if boxed else (), run_id=run_id,
             )
-        except (AuditError, ProbeError, NotACheckpoint) as exc:
+        except (AuditError, ReaderError, NotACheckpoint) as exc:
             out.append(base.model_copy(update={"skipped": True, "notes": [str(exc)]}))
             continue
         if audit.unsupported and not audit.problems:
             out.append(base.model_copy(update={"skipped": True, "notes": [
-                f"probe not supported by runai-model-streamer {audit.streamer_version}: " + "; ".join(audit.unsupported)]}))
+                f"the reader cannot drive runai-model-streamer {audit.streamer_version}: " + "; ".join(audit.unsupported)]}))
             continue
         out.append(base.model_copy(update={
             "ok": not audit.problems, "lost": audit.lost, "problems": list(audit.problems),

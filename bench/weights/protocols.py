@@ -1,6 +1,7 @@
-"""What a probe back-end is to the weight audit (bench.weights.audit): where ``audit_probe.py``
-runs, a process of this host (bench.weights.audit_local) or a container of the image
-(bench.weights.audit_docker), and the one interface both give it."""
+"""What a reader back-end is to the weight audit (bench.weights.audit): where the reader
+(``reader.py``, the script that streams a checkpoint through the real loaders) runs, a process of
+this host (bench.weights.audit_local) or a container of the image (bench.weights.audit_docker),
+and the one interface both give it."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from typing import Protocol
 
 from bench.core.config import Image
 
-PROBE = Path(__file__).resolve().parent / "audit_probe.py"  # the script every back-end runs
-TAIL_LINES = 15  # of the probe's stderr, kept for the error that says why it stopped
+READER = Path(__file__).resolve().parent / "reader.py"  # the script every back-end runs
+TAIL_LINES = 15  # of the reader's stderr, kept for the error that says why it stopped
 
 
 @dataclass(frozen=True)
-class ProbeSpec:
-    """What a back-end is asked to run: the probe with `plan` under `image`'s Python and
-    variables; `scratch` a folder of this host for the probe's run. For a container: `checkpoint`
+class ReaderSpec:
+    """What a back-end is asked to run: the reader with `plan` under `image`'s Python and
+    variables; `scratch` a folder of this host for the reader's run. For a container: `checkpoint`
     the local folder to mount (None: object storage), `files` its shard files, `overlays` host
     folders mounted in first on PYTHONPATH, `run_id` its label for `regbench clean`."""
 
@@ -30,8 +31,8 @@ class ProbeSpec:
     run_id: str = "audit"
 
 
-class Probe(Protocol):
-    """A started probe (the context manager's value): leaving the context ends it, whatever happened."""
+class Reader(Protocol):
+    """A started reader (the context manager's value): leaving the context ends it, whatever happened."""
 
     def wait(self, timeout_s: float) -> int | None:
         """Its exit code (negative: the signal that killed it), or None: it timed out and was killed."""

@@ -83,19 +83,19 @@ def details(run: AuditRun) -> list[str]:
     return out
 
 
-def _probe_times(report: AuditReport) -> str:
+def _reader_times(report: AuditReport) -> str:
     parts = []
-    if report.probe_import_seconds is not None:
-        parts.append(f"importing torch and the streamer {report.probe_import_seconds:.2f} s")
-    if report.probe_vllm_seconds is not None:
-        parts.append(f"loading vLLM's iterator {report.probe_vllm_seconds:.2f} s")
+    if report.reader_import_seconds is not None:
+        parts.append(f"importing torch and the streamer {report.reader_import_seconds:.2f} s")
+    if report.reader_vllm_seconds is not None:
+        parts.append(f"loading vLLM's iterator {report.reader_vllm_seconds:.2f} s")
     parts.append(f"{len(report.runs)} run(s) {sum(r.seconds or 0 for r in report.runs):.2f} s")
-    return f"{report.probe_seconds:.2f} s, of which " + ", ".join(parts)
+    return f"{report.reader_seconds:.2f} s, of which " + ", ".join(parts)
 
 
 def verdict_line(report: AuditReport) -> str:
     """The audit's last line when runs failed: how many lost or altered weights silently, and how
-    many failed loudly (the loader raised, timed out or its probe died: an error, not silence)."""
+    many failed loudly (the loader raised, timed out or its reader died: an error, not silence)."""
     failed = [r for r in report.runs if r.problem]
     loud = [r for r in failed if r.error]
     silent = [r for r in failed if not r.error]
@@ -123,8 +123,8 @@ def render_audit(report: AuditReport) -> list[RenderableType]:
         Text(f"baseline: {report.baseline_tensors} tensors, {human_size(report.baseline_bytes)} hashed in "
              f"{report.baseline_seconds:.2f} s"),
     ]
-    if report.probe_seconds is not None:
-        out.append(Text(f"probe: {_probe_times(report)}", style="dim"))
+    if report.reader_seconds is not None:
+        out.append(Text(f"reader: {_reader_times(report)}", style="dim"))
     if report.vllm_iterator:
         out.append(Text(f"loader=vllm: {report.vllm_iterator}", style="dim"))
     out += [Text(f"loader={s.loader} skipped: {s.reason}", style="yellow") for s in report.skipped]
@@ -140,7 +140,7 @@ def render_audit(report: AuditReport) -> list[RenderableType]:
     if report.problems:
         out.append(Text(verdict_line(report), style="bold red"))
     elif report.unsupported:
-        out.append(Text("nothing audited: the probe does not support this loader version", style="bold yellow"))
+        out.append(Text("nothing audited: the reader cannot drive this loader version", style="bold yellow"))
     else:
         out.append(Text("every tensor arrived intact in every run", style="bold green"))
     return out

@@ -1,14 +1,15 @@
-"""Version maps and bisect: runs one probe per version and keeps every probe as a folder.
+"""Version maps and bisect: runs one trial per version and keeps every trial as a folder.
 
-matrix/checkpoint → probe per version (audit, or one cell) → outcome → map or bisect → report.
+matrix/checkpoint → trial per version (audit, or one cell) → outcome → map or bisect → report.
 
-A map's folder holds versions.json and summary.md (rewritten after every probe: an interrupted
-map loses nothing) and one folder per version under probes/: the audits' JSON reports, or a
+A map's folder holds versions.json and summary.md (rewritten after every trial: an interrupted
+map loses nothing) and one folder per version under trials/ (probes/ in a map written before the
+trials had that name, which a continued map keeps using): the audits' JSON reports, or a
 regular results folder of the one cell (`regbench report` reads it). Running again with the same
-folder continues: a version whose outcome.json is there is not probed again, a cell's results
+folder continues: a version whose outcome.json is there is not tried again, a cell's results
 folder that a kill cut short is resumed like `regbench run --resume`.
 
-A cell probe judges the cell alone: the matrix's baseline is not booted per version, so
+A cell trial judges the cell alone: the matrix's baseline is not booted per version, so
 divergence from it is not among its findings; empty text, short outputs, known answers, the
 reference-text score, boot and exit failures and the pre-flight audit are.
 """
@@ -39,13 +40,13 @@ from bench.versions.model import (
 )
 from bench.versions.render import markdown
 from bench.weights.audit import audit_checkpoint
-from bench.weights.errors import ProbeError
+from bench.weights.errors import ReaderError
 from bench.weights.model import AuditReport
 from bench.weights.overlays import OverlayError, ensure_overlay
 
-# A probe runs one version into its folder and returns the settled outcome, or None when it was
+# A trial runs one version into its folder and returns the settled outcome, or None when it was
 # interrupted before it settled.
-ProbeFn = Callable[[str, Path, Plan], Outcome | None]
+TrialFn = Callable[[str, Path, Plan], Outcome | None]
 
 
 class VersionsError(RegbenchError, ValueError):
@@ -66,7 +67,7 @@ def audit_kind(report: AuditReport) -> tuple[Kind, str]:
 
 
 @dataclass(frozen=True)
-class AuditProbe:
+class AuditTrial:
     """The weight audit of one checkpoint, with each runai-model-streamer release as an overlay."""
 
     checkpoint: Path
@@ -84,7 +85,7 @@ class AuditProbe:
 
     def __call__(self, version: str, folder: Path, plan: Plan) -> Outcome | None:
         folder.mkdir(parents=True, exist_ok=True)
-        rel = str(Path("probes") / folder.name)
+        rel = _relative(folder)
         try:
             overlay = ensure_overlay(self.python, self.cache, version)
         except OverlayError as exc:
@@ -96,8 +97,8 @@ class AuditProbe:
                 report = audit_checkpoint(self.checkpoint, self.python, [str(overlay), *self.pythonpath],
                                           dict(self.env), orders=self.orders, loaders=self.loaders,
                                           timeout_s=self.timeout_s)
-            except ProbeError as exc:
-                return Outcome(version=version, kind=Kind.NOT_INSTALLED, detail=f"the probe cannot run: {exc}",
+            except ReaderError as exc:
+                return Outcome(version=version, kind=Kind.NOT_INSTALLED, detail=f"the reader cannot run: {exc}",
                                folder=rel)
             _write(folder / f"audit-{len(kinds) + 1}.json", report.model_dump_json(indent=1))
             kinds.append(audit_kind(report))
@@ -109,7 +110,7 @@ class AuditProbe:
 
 
 @dataclass(frozen=True)
-class CellProbe:
+class CellTrial:
     """One cell of a matrix, booted fresh per repeat, with one axis set to each version in turn:
     a runai-model-streamer overlay first on the cell's image's PYTHONPATH (local images), or one
     of the matrix's images by name (vLLM releases as venvs, container image tags)."""
@@ -138,17 +139,17 @@ class CellProbe:
         return self.cell.image.model_copy(update={
             "name": f"streamer-{version}", "pythonpath": [str(overlay), *self.cell.image.pythonpath]})
 
-    def probe_config(self, image: Image, plan: Plan) -> Config:
+    def trial_config(self, image: Image, plan: Plan) -> Config:
         only = CellFilter(model=self.cell.model.name, load_format=self.cell.load_format.name,
                           platform=self.cell.platform, image=image.name)
         return self.config.model_copy(update={
-            # No invariance knobs: a probe is the one cell, and its outcome that cell's alone.
+            # No invariance knobs: a trial is the one cell, and its outcome that cell's alone.
             "images": [image], "include": [only], "exclude": [], "baseline": None, "invariance": [],
             "repeats": plan.repeats, "detect": None, "early_stop": False,
         })
 
     def __call__(self, version: str, folder: Path, plan: Plan) -> Outcome | None:
-        rel = str(Path("probes") / folder.name)
+        rel = _relative(folder)
         try:
             image = self.image_for(version)
         except OverlayError as exc:
@@ -159,10 +160,10 @@ class CellProbe:
             try:
                 done = frozenset(results.prepare_resume())
             except (ResultsError, OSError, ValueError) as exc:
-                raise VersionsError(f"cannot resume the probe in {folder}: {exc}") from None
+                raise VersionsError(f"cannot resume the trial in {folder}: {exc}") from None
             config = results.config()
         else:
-            config = self.probe_config(image, plan)
+            config = self.trial_config(image, plan)
             folder.parent.mkdir(parents=True, exist_ok=True)
             results = ResultsDir.create(folder.parent, folder.name, config)
         cells = expand(config)
@@ -183,12 +184,19 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _probe_folder(root: Path, version: str) -> Path:
-    return root / "probes" / version
+def _trial_folder(root: Path, version: str) -> Path:
+    """A map written before its trials had that name keeps them, and adds new ones, in probes/."""
+    old = root / "probes"
+    return (old if old.is_dir() else root / "trials") / version
+
+
+def _relative(folder: Path) -> str:
+    """A trial's folder as its outcome names it: relative to the map's folder."""
+    return str(Path(folder.parent.name) / folder.name)
 
 
 def _cached(root: Path, version: str) -> Outcome | None:
-    path = _probe_folder(root, version) / "outcome.json"
+    path = _trial_folder(root, version) / "outcome.json"
     return Outcome.model_validate_json(path.read_text()) if path.is_file() else None
 
 
@@ -199,34 +207,34 @@ def open_map(root: Path, fresh: VersionMap) -> VersionMap:
         root.mkdir(parents=True, exist_ok=True)
         return fresh
     old = VersionMap.model_validate_json(path.read_text())
-    same = ("mode", "axis", "probe", "versions", "plan", "good", "bad")
+    same = ("mode", "axis", "trial", "versions", "plan", "good", "bad")
     differs = [k for k in same if getattr(old, k) != getattr(fresh, k)]
     if differs:
         raise VersionsError(f"{root} holds another {old.mode} ({', '.join(differs)} differ): use another folder")
     return old.model_copy(update={"interrupted": False})
 
 
-def _probe(probe: ProbeFn, root: Path, version: str, plan: Plan) -> Outcome | None:
+def _trial(trial: TrialFn, root: Path, version: str, plan: Plan) -> Outcome | None:
     cached = _cached(root, version)
     if cached is not None:
         return cached
-    folder = _probe_folder(root, version)
-    outcome = probe(version, folder, plan)
+    folder = _trial_folder(root, version)
+    outcome = trial(version, folder, plan)
     if outcome is not None:
         folder.mkdir(parents=True, exist_ok=True)
         _write(folder / "outcome.json", outcome.model_dump_json(indent=1))
     return outcome
 
 
-def _walk(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
+def _walk(trial: TrialFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
           status: Callable[[str], None], choose: Callable[[dict[str, Outcome]], str | None]) -> VersionMap:
-    """Probes what `choose` names next, given the outcomes so far, until it names nothing; the map
-    is saved after every probe, and an interrupt ends it as interrupted."""
+    """Tries what `choose` names next, given the outcomes so far, until it names nothing; the map
+    is saved after every trial, and an interrupt ends it as interrupted."""
     outcomes = {o.version: o for o in vmap.outcomes}
     try:
         while (version := choose(outcomes)) is not None:
-            status(f"{version}: probing")
-            outcome = _probe(probe, root, version, vmap.plan)
+            status(f"{version}: trying")
+            outcome = _trial(trial, root, version, vmap.plan)
             if outcome is None:
                 vmap = vmap.model_copy(update={"interrupted": True})
                 break
@@ -240,15 +248,15 @@ def _walk(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionM
     return vmap
 
 
-def run_map(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
+def run_map(trial: TrialFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
             status: Callable[[str], None] = lambda s: None) -> VersionMap:
     """Every version, in order."""
-    return _walk(probe, root, vmap, save, status, lambda have: next((v for v in vmap.versions if v not in have), None))
+    return _walk(trial, root, vmap, save, status, lambda have: next((v for v in vmap.versions if v not in have), None))
 
 
-def run_bisect(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
+def run_bisect(trial: TrialFn, root: Path, vmap: VersionMap, save: Callable[[VersionMap], None],
                status: Callable[[str], None] = lambda s: None) -> VersionMap:
-    """Probes the ends, then the middle of what is left, until the change point is found."""
+    """Tries the ends, then the middle of what is left, until the change point is found."""
     if vmap.good is None or vmap.bad is None:
         raise VersionsError("a bisect needs a good and a bad end")
     good, bad = vmap.good, vmap.bad
@@ -256,7 +264,7 @@ def run_bisect(probe: ProbeFn, root: Path, vmap: VersionMap, save: Callable[[Ver
     def state(have: dict[str, Outcome]) -> BisectState:
         return bisect_state(vmap.versions, good, bad, have)
 
-    walked = _walk(probe, root, vmap, save, status, lambda have: state(have).next)
+    walked = _walk(trial, root, vmap, save, status, lambda have: state(have).next)
     done = walked.model_copy(update={"bisect": state({o.version: o for o in walked.outcomes})})
     save(done)
     return done
@@ -274,8 +282,8 @@ def find_cell(config: Config, cell_id: str) -> Cell:
         raise VersionsError(f"--cell: no cell {cell_id!r} in {config.name}; `regbench plan` lists them")
     cell = cells[cell_id]
     if cell.knob is not None:
-        # Its verdict is a comparison with another cell's servers: no one-cell probe can settle it.
+        # Its verdict is a comparison with another cell's servers: no one-cell trial can settle it.
         raise VersionsError(f"--cell {cell_id}: an invariance knob's cell is judged against {cell.baseline_id}, "
-                            "so a probe of it alone settles nothing; bisect that cell, or run the matrix "
+                            "so a trial of it alone settles nothing; bisect that cell, or run the matrix "
                             "once per version and compare")
     return cell

@@ -1,8 +1,8 @@
-"""Weight-audit probe: streams a checkpoint through the real loaders and reports what arrived.
+"""The weight audit's reader: streams a checkpoint through the real loaders and reports what arrived.
 
 Runs inside the system-under-test's Python (torch, runai-model-streamer, maybe vLLM), never in
 the bench's, so it imports nothing from the bench: stdlib, torch and the loaders only. The bench
-runs it as ``python audit_probe.py PLAN.json`` with the streamer overlay first on PYTHONPATH.
+runs it as ``python reader.py PLAN.json`` with the streamer overlay first on PYTHONPATH.
 
 The plan is {"runs": [{"order": name, "files": [path, ...]}, ...], "loaders": ["streamer", "vllm"]}.
 For every run and loader, the file list is handed to the loader in one call, exactly as vLLM's
@@ -13,24 +13,24 @@ FP4 hash like any other dtype.
 
 vLLM's iterator without importing vLLM: importing its module (weight_utils) imports most of vLLM,
 ~10 s on 2 cores, against ~1.5 s for torch and the streamer; it was most of an audit's time. So
-the probe reads the installed weight_utils.py and compiles, under that file's name, the iterator
+the reader reads the installed weight_utils.py and compiles, under that file's name, the iterator
 with the module-level definitions and import statements it uses (enable_tqdm, _BAR_FORMAT;
 torch, tqdm, SafetensorsStreamer, imported for real), in the file's order: the bytecode is the
 same as vLLM's own (a test compares them). The one vLLM name it uses, current_platform, gets a
-stand-in (see _CpuPlatform): the probe passes is_distributed=False, with which the iterator streams
+stand-in (see _CpuPlatform): the reader passes is_distributed=False, with which the iterator streams
 to "cpu" whatever the platform says. When the installed release's iterator needs anything else
-from vLLM (or is decorated), the probe imports the module instead; the hello line says which.
+from vLLM (or is decorated), the reader imports the module instead; the hello line says which.
 
 Output is JSON lines on the original stdout, which nothing else may write to: vLLM and the
 streamer log to stdout, so fd 1 is pointed at stderr before any of them is imported.
-  {"type": "probe", versions..., how vLLM's iterator was loaded, import seconds}   first
+  {"type": "hello", versions..., how vLLM's iterator was loaded, import seconds}   first
   {"type": "begin", "order", "loader"}
   {"type": "tensor", "order", "loader", "name", "dtype", "shape", "nbytes", "sha256"}
   {"type": "end", "order", "loader", "error", "seconds", "unsupported"}
-      error: a loader that raised, a finding; unsupported: the probe does not know how to call this
+      error: a loader that raised, a finding; unsupported: the reader does not know how to call this
       release of the loader (no API it can drive), which says nothing about the weights
   {"type": "done", "streamer_version"}           last, after every run
-  {"type": "fatal", "error"}                     instead, when the probe itself cannot work
+  {"type": "fatal", "error"}                     instead, when the reader itself cannot work
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, the probe's own folder (the bench package) would come first on sys.path and
+# Run as a script, the reader's own folder (the bench package) would come first on sys.path and
 # its modules (config, records, ...) could shadow the loaders' imports.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
@@ -86,7 +86,7 @@ def tensor_line(torch, order: str, loader: str, name: str, tensor) -> dict:
 
 
 class Unsupported(Exception):
-    """This release of the loader has no API the probe knows how to drive: not a finding about
+    """This release of the loader has no API the reader knows how to drive: not a finding about
     the weights, and never reported as one."""
 
 
@@ -149,14 +149,14 @@ VLLM_ITERATOR = "runai_safetensors_weights_iterator"
 
 class _CpuPlatform:
     """Stands in for vllm.platforms.current_platform (importing it imports most of vLLM). The
-    iterator asks is_cuda_alike() and uses it only together with is_distributed, which the probe
+    iterator asks is_cuda_alike() and uses it only together with is_distributed, which the reader
     passes as False: the device is "cpu" either way."""
 
     def is_cuda_alike(self) -> bool:
         return False
 
     def current_device(self):
-        raise RuntimeError("the audit probe streams with is_distributed=False: no device to ask for")
+        raise RuntimeError("the audit's reader streams with is_distributed=False: no device to ask for")
 
 
 # What the extracted code may import from vLLM: (module, name) -> the object it gets instead.
@@ -164,7 +164,7 @@ STAND_INS = {("vllm.platforms", "current_platform"): _CpuPlatform()}
 
 
 class NotExtractable(Exception):
-    """The installed iterator needs more than the probe can give it without importing vLLM."""
+    """The installed iterator needs more than the reader can give it without importing vLLM."""
 
 
 def _global_names(code) -> set[str]:
@@ -207,7 +207,7 @@ def _import_without_vllm(name, globals=None, locals=None, fromlist=(), level=0):
     if level == 0 and name.split(".")[0] == "vllm":
         if fromlist and all((name, n) in STAND_INS for n in fromlist):
             return types.SimpleNamespace(**{n: STAND_INS[(name, n)] for n in fromlist})
-        raise ImportError(f"{name}: vLLM is not imported by the audit probe")
+        raise ImportError(f"{name}: vLLM is not imported by the audit's reader")
     return builtins.__import__(name, globals, locals, fromlist, level)
 
 
@@ -307,7 +307,7 @@ def main(argv: list[str]) -> int:
             vllm_error = describe(exc)
         vllm_seconds = round(time.monotonic() - started, 3)
     emit(
-        type="probe", python=sys.executable, streamer_version=streamer_version,
+        type="hello", python=sys.executable, streamer_version=streamer_version,
         streamer_path=os.path.dirname(runai_model_streamer.__file__), torch_version=torch.__version__,
         vllm_version=vllm_version, vllm_error=vllm_error, vllm_iterator=vllm_iterator,
         import_seconds=import_seconds, vllm_seconds=vllm_seconds,
