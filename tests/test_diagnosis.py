@@ -7,10 +7,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from bench.core.conditions import (
+    CONDITIONS,
+    AllCondition,
+    AnyCondition,
+    EmptyShardsCondition,
+    KilledCondition,
+    KnobCondition,
+    ReleaseCondition,
+    parse_condition,
+)
 from bench.core.config import ConfigError
 from bench.core.contrast import contrast
-from bench.core.diagnosis import CellEvidence, Signature, diagnose_cell, load_signatures
+from bench.core.diagnosis import SHIPPED_SIGNATURES, CellEvidence, Signature, diagnose_cell, load_signatures
 from bench.core.logfacts import log_facts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
 from bench.core.verdicts import Finding, RepeatedToken, ServerExit, TwinsDiffer, Verdict
@@ -87,7 +98,8 @@ def test_no_contrast_when_nothing_passes_and_none_for_passing_cells():
 # ---- signatures: each against a case it must match and one it must not ---------------------
 
 INSPECT_RISK = PreflightRecord(kind="inspect", model="m", ok=True, notes=[
-    "stream_stop_risk: listing order: stream stops at empty shard model-00001-of-00010 (first); lost 21/21 tensors"])
+    "stream_stop_risk: listing order: stream stops at empty shard model-00001-of-00010 (first); lost 21/21 tensors"],
+    stream_stop_shards=["model-00001-of-00010.safetensors"])
 AUDIT_LOST = PreflightRecord(kind="audit", model="m", image="s16", load_format="runai_streamer", ok=False, lost=42,
                              problems=["order=sorted loader=streamer: 0/21 tensors delivered; stream stops at empty shard"])
 
@@ -194,6 +206,41 @@ def test_memory_limit_zero_matches_the_loud_failure_not_the_silent_one():
     assert "runai-memory-limit-zero" not in [m.signature for m in diagnose_cell(silent, list(SIGNATURES.values())).matches]
 
 
+def test_empty_shards_reads_the_inspects_stream_stop_shards_never_its_notes():
+    sig = SIGNATURES["runai-empty-shard-stream-stop"]
+    (condition,) = [c for c in sig.support if isinstance(c, EmptyShardsCondition)]
+    bug = evidence(cell("runai_streamer", "s16", "fail", BUG), "runai_streamer")
+    assert condition.check(bug.model_copy(update={"inspect": INSPECT_RISK})) == (
+        True, "inspect: the stream stops at empty shard model-00001-of-00010")
+    two = INSPECT_RISK.model_copy(update={"stream_stop_shards": ["a.safetensors", "b.safetensors"]})
+    assert condition.check(bug.model_copy(update={"inspect": two})) == (
+        True, "inspect: the stream stops at empty shards a, b")
+    clean = PreflightRecord(kind="inspect", model="m", ok=True, stream_stop_shards=[])
+    assert condition.check(bug.model_copy(update={"inspect": clean})) == (False, "inspect found no empty shard")
+    # A record made before the field: its notes still say "empty shard", and are not read.
+    older = PreflightRecord.model_validate_json(INSPECT_RISK.model_dump_json(exclude={"stream_stop_shards"}))
+    assert older.stream_stop_shards is None and "empty shard" in older.notes[0]
+    holds, says = condition.check(bug.model_copy(update={"inspect": older}))
+    assert holds is None and "older regbench" in says
+    assert condition.check(bug) == (None, "no pre-flight inspect")
+
+
+def test_each_condition_key_is_one_registered_class_and_reads_back_as_written():
+    assert all(list(cls.model_fields) == [key] and cls.key == key for key, cls in CONDITIONS.items())
+    written = [c for path in SHIPPED_SIGNATURES.glob("*.yaml")
+               for part in ("require", "support") for c in yaml.safe_load(path.read_text()).get(part, [])]
+    parsed = [parse_condition(c) for c in written]
+    assert {type(p) for p in parsed} <= set(CONDITIONS.values())
+    assert [p.text() for p in parsed] == [f"{k}: {v}" for c in written for k, v in c.items()]
+    # Conditions inside `any` and `all` are the same classes, and a `release` inside either needs releases.
+    nested = parse_condition({"any": [{"knob": "serial"}, {"all": [{"release": "silent"}, {"killed": True}]}]})
+    assert [type(c) for c in nested.walk()] == [AnyCondition, KnobCondition, AllCondition, ReleaseCondition,
+                                                 KilledCondition]
+    with pytest.raises(ValueError, match="needs the signature's `releases`"):
+        Signature.model_validate({"id": "x", "title": "x", "explanation": "x", "fixes": ["x"],
+                                  "require": [{"reason": ["degenerate"]}], "support": [nested.model_dump()]})
+
+
 def test_every_shipped_signature_is_tested_here_and_a_users_own_replaces_a_shipped_one(tmp_path):
     source = Path(__file__).read_text()
     assert all(f'"{sid}"' in source for sid in SIGNATURES), sorted(s for s in SIGNATURES if f'"{s}"' not in source)
@@ -215,6 +262,17 @@ def test_a_signature_naming_a_finding_the_taxonomy_lacks_fails_at_load_with_its_
     (tmp_path / "typo.yaml").write_text(
         "id: typo\ntitle: t\nrequire: [{without_reason: [divergance]}]\nexplanation: x\nfixes: [y]\n")
     with pytest.raises(ConfigError, match="without_reason"):
+        load_signatures(tmp_path)
+    # A key no condition has, at the top or inside `any`: named with where it is.
+    for written, where in (("{reasn: [degenerate]}", "require.0.reasn"), ("{any: [{lgo: x}]}", "require.0.any.0.lgo")):
+        (tmp_path / "typo.yaml").write_text(f"id: typo\ntitle: t\nrequire: [{written}]\nexplanation: x\nfixes: [y]\n")
+        with pytest.raises(ConfigError) as refused:
+            load_signatures(tmp_path)
+        said = str(refused.value)
+        assert str(tmp_path / "typo.yaml") in said and where in said and "no condition" in said, said
+    (tmp_path / "typo.yaml").write_text(
+        "id: typo\ntitle: t\nrequire: [{log: x, knob: serial}]\nexplanation: x\nfixes: [y]\n")
+    with pytest.raises(ConfigError, match="exactly one key"):
         load_signatures(tmp_path)
 
 
@@ -309,7 +367,7 @@ def test_the_stream_stops_releases_are_written_once_and_agree_with_the_measured_
 ])
 def test_the_release_condition_reads_the_signatures_own_ranges(version, holds, says):
     sig = SIGNATURES["runai-empty-shard-stream-stop"]
-    (condition,) = [c for c in sig.support if c.release is not None]
+    (condition,) = [c for c in sig.support if isinstance(c, ReleaseCondition)]
     ev = evidence(cell("runai_streamer", "s", "fail", BUG), "runai_streamer", [],
                   fingerprint=Fingerprint(image="s", runai_model_streamer=version))
     assert condition.check(ev, sig.releases) == (holds, f"runai_model_streamer {version} ({says})")

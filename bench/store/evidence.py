@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.core.conditions import CellEvidence
 from bench.core.config import Config
 from bench.core.contrast import contrast
-from bench.core.diagnosis import CellEvidence, Diagnosis, diagnose, load_signatures
+from bench.core.diagnosis import Diagnosis, diagnose, load_signatures
 from bench.core.judge import exit_time_episodes, is_benign
 from bench.core.logfacts import log_facts
 from bench.core.matrix import Cell, expand, matrix_image
