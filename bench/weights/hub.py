@@ -98,11 +98,13 @@ class Resolved:
 
     def record(self) -> PreflightRecord:
         how = "from the cache (HF_HUB_OFFLINE)" if self.offline else "checked against the hub, fetched what was missing"
-        return PreflightRecord(kind="fetch", model=self.model, ok=True, notes=[
+        notes = [
             f"hub id {self.repo} at {self.revision}: commit {self.commit}",
             f"snapshot {self.snapshot}",
             f"{self.files} files, {self.size / 1e6:.1f} MB, {self.seconds:.1f} s, {how}",
-        ])
+        ]
+        return PreflightRecord(kind="fetch", model=self.model, ok=True, hub_id=self.repo, revision=self.revision,
+                               commit=self.commit, notes=notes)
 
 
 def _say(line: str) -> None:

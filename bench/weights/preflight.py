@@ -42,15 +42,9 @@ def audit_env(config: Config, cell: Cell) -> dict[str, str]:
     return {**server_env(cell, cell.server, cell.profile), **loader_env(cell.load_format)}
 
 
-def preflight(
-    config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None,
-    audit_in: AuditSite = "local", run_id: str | None = None,
-) -> list[PreflightRecord]:
-    """`audit_in` (the launcher's, bench.serve.protocols.Launcher.audit_in): the reader back-end
-    (bench.weights.readers): "local", the image's Python and overlay on this host; "docker", a
-    container of the image (`ref`) with the overlay mounted as the docker launcher mounts it,
-    labelled with `run_id`."""
-    needed = readers.needs(audit_in)
+def _inspections(config: Config, cells: list[Cell], status: Callable[[str], None]) -> list[PreflightRecord]:
+    """`inspect` once per model it can read: the checkpoint's problems, and its #157 risks as
+    notes, with the empty shards that end the stream."""
     out: list[PreflightRecord] = []
     for cell in {c.model.name: c for c in cells}.values():
         model = cell.model
@@ -60,13 +54,29 @@ def preflight(
         try:
             report = inspect_checkpoint(model.path, {**os.environ, **audit_env(config, cell)})
         except NotACheckpoint as exc:
-            out.append(PreflightRecord(kind="inspect", model=model.name, ok=False, problems=[str(exc)]))
+            # No safetensors to read: no empty shard stops a stream either.
+            out.append(PreflightRecord(kind="inspect", model=model.name, ok=False, problems=[str(exc)],
+                                       stream_stop_shards=[]))
             continue
         # A #157 risk is a property of the files, not a failure: the audit says if it bites.
         risks = [f"{p.kind}: {p.message}" for p in report.problems if p.kind == "stream_stop_risk"]
         problems = [f"{p.kind}: {p.message}" for p in report.problems if p.kind != "stream_stop_risk"]
-        out.append(PreflightRecord(kind="inspect", model=model.name, ok=not problems, problems=problems, notes=risks))
+        stops = list(dict.fromkeys(f for s in report.stream_stops if s.risk for f in s.ended_by))
+        out.append(PreflightRecord(kind="inspect", model=model.name, ok=not problems, problems=problems, notes=risks,
+                                   stream_stop_shards=stops))
+    return out
 
+
+def preflight(
+    config: Config, cells: list[Cell], status: Callable[[str], None] = lambda s: None,
+    audit_in: AuditSite = "local", run_id: str | None = None,
+) -> list[PreflightRecord]:
+    """`audit_in` (the launcher's, bench.serve.protocols.Launcher.audit_in): the reader back-end
+    (bench.weights.readers): "local", the image's Python and overlay on this host; "docker", a
+    container of the image (`ref`) with the overlay mounted as the docker launcher mounts it,
+    labelled with `run_id`."""
+    needed = readers.needs(audit_in)
+    out = _inspections(config, cells, status)
     seen = set()
     for cell in cells:
         key = (cell.model.name, cell.image.name, cell.load_format.name)
