@@ -275,6 +275,11 @@ def matrix_cells(cells: list[Cell]) -> list[Cell]:
     return [c for c in cells if c.knob is None]
 
 
+def _resolution(fetch: PreflightRecord) -> tuple[str, str | None, str | None, str | None]:
+    """What a fetch record is one of: a model's hub id at a revision, resolved to a commit."""
+    return fetch.model, fetch.hub_id, fetch.revision, fetch.commit
+
+
 def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: Launcher,
             status: Callable[[str], None], fetched: Sequence[PreflightRecord] = ()) -> None:
     """Before any cell: where each hub id was resolved to (`fetched`, bench.weights.hub), each
@@ -284,9 +289,9 @@ def prepare(config: Config, cells: list[Cell], results: ResultsDir, launcher: La
     cells = matrix_cells(cells)
     pinned = pin_images(cells, results, launcher, status)
     earlier = list(results.data.preflights)
-    resolutions = {(p.model, p.notes[0]) for p in earlier if p.kind == "fetch" and p.notes}
+    resolutions = {_resolution(p) for p in earlier if p.kind == "fetch"}
     for record in fetched:
-        if (record.model, record.notes[0] if record.notes else "") not in resolutions:
+        if _resolution(record) not in resolutions:
             results.add_preflight(record)
     if config.preflight and not any(p.kind != "fetch" for p in earlier):
         for record in preflight(config, pinned, status, audit_in=launcher.audit_in, run_id=results.path.name):

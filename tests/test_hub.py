@@ -15,7 +15,7 @@ from bench import cli
 from bench.commands import run as run_command
 from bench.core.config import ConfigError, parse_config
 from bench.core.matrix import expand
-from bench.runner import run_matrix
+from bench.runner import prepare, run_matrix
 from bench.serve.launch_docker import checkpoint_mounts, container_model_path, mounts
 from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir
@@ -86,6 +86,7 @@ def test_a_hub_id_resolves_offline_from_the_cache_and_the_commit_is_recorded(min
     (record,) = records
     assert (record.kind, record.model, record.ok) == ("fetch", "tiny", True)
     assert record.notes[0] == f"hub id {REPO} at main: commit {snap.commit}"
+    assert (record.hub_id, record.revision, record.commit) == (REPO, "main", snap.commit)  # what a run keys it on
     assert record.notes[1] == f"snapshot {snap.path}"
     assert "from the cache (HF_HUB_OFFLINE)" in record.notes[2]
     assert any(snap.commit in line for line in said)
@@ -150,12 +151,18 @@ def test_a_run_resolves_before_the_pre_flight_which_then_inspects_the_snapshot(m
     assert (fetch.kind, inspect.kind, inspect.model, inspect.ok) == ("fetch", "inspect", "tiny", True)
     assert fetch.notes[0].endswith(f"commit {snap.commit}")
     assert any("stream_stop_risk" in n for n in inspect.notes)  # the canary's empty shards, read through the links
+    assert inspect.stream_stop_shards == ["model-00001-of-00010.safetensors"]  # first, in either order
     summary = (results.path / "summary.md").read_text()
     assert f"- fetch `tiny`: ok\n  - hub id {REPO} at main: commit {snap.commit}\n  - snapshot {snap.path}" in summary
     assert results.runs()[0].perf.checkpoint_bytes == sum(f.stat().st_size for f in CANARY.glob("*.safetensors"))
-    # A resumed run resolves again and records nothing twice.
+    # A resumed run resolves again and records nothing twice; another commit of the hub id is recorded.
     run_matrix(cfg, expand(cfg), results, launcher=ScriptedLauncher(["ok"]), done=frozenset({(expand(cfg)[0].id, 1)}))
     assert [p.kind for p in results.preflights()] == ["fetch", "inspect"]
+    # Keyed on the typed fields, not on the wording of the notes.
+    reworded = fetch.model_copy(update={"notes": ["the same resolution, said otherwise"]})
+    moved = fetch.model_copy(update={"commit": "0" * 40, "notes": fetch.notes})
+    prepare(cfg, expand(cfg), results, ScriptedLauncher(["ok"]), lambda s: None, fetched=[reworded, moved])
+    assert [p.commit for p in results.preflights() if p.kind == "fetch"] == [snap.commit, "0" * 40]
 
 
 def test_regbench_run_offline_without_the_model_exits_2_before_any_server(minimal, cache, tmp_path, monkeypatch, capsys):
