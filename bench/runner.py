@@ -36,6 +36,7 @@ from bench.core.records import (
     Finding,
     PreflightRecord,
     Reason,
+    ReferenceScore,
     RequestRecord,
     RunPerf,
     RunRecord,
@@ -108,6 +109,17 @@ async def _until_stopped(work: Awaitable[T], stop: StopToken) -> T:
             raise Stopped(stop.reason)
 
 
+@dataclasses.dataclass
+class _Observed:
+    """What a run's server was seen to do, filled in as it happens: a run cut short keeps what
+    came before the cut."""
+
+    requests: list[RequestRecord] = dataclasses.field(default_factory=list)
+    requests_s: float | None = None
+    reference: ReferenceScore | None = None
+    metrics: ServerMetrics | None = None
+
+
 def run_one(
     config: Config, cell: Cell, repeat: int, launcher: Launcher, results: ResultsDir,
     status: Callable[[str], None], devices: Devices | None = None, stop: StopToken | None = None,
@@ -119,39 +131,12 @@ def run_one(
     host (bench.serve.platforms.check_host): recorded as such, no server started."""
     stop = stop or StopToken()
     run_dir = results.run_dir(cell.id, repeat)
-    server: LaunchedServer
-    if refused is not None:
-        server = not_runnable_server(refused, run_dir)
-    else:
-        short = _settle(launcher, run_dir, status, cell) if cell.profile.unified_memory else None
-        if short is not None:  # vLLM would refuse to start for memory: not started (bench.serve.memory)
-            server = not_runnable_server(short, run_dir)
-        else:
-            server = launcher.server(cell, repeat, run_dir, devices, stop)
-    requests: list[RequestRecord] = []
-    requests_s = None
-    reference = None
-    metrics = None
-    probe = cell.reference_text
-    top_k = cell.logprobs_k
+    server = _server_for(cell, repeat, launcher, run_dir, status, devices, stop, refused)
+    seen = _Observed()
     try:
         status(f"{cell.id} #{repeat}: booting")
         with server:
-            status(f"{cell.id} #{repeat}: serving")
-            before = _scrape(server.base_url)
-            t0 = time.monotonic()
-            requests = asyncio.run(_until_stopped(
-                run_workload(server.base_url, cell.model.served, cell.workload,
-                             cell_id=cell.id, repeat=repeat, top_k=top_k, on_record=results.add_request),
-                stop,
-            ))
-            requests_s = time.monotonic() - t0
-            # Before the reference probe: the counters must cover the workload alone.
-            metrics = _counters(before, server.base_url)
-            if probe.enabled:
-                reference = asyncio.run(_until_stopped(score_reference(
-                    server.base_url, cell.model.served, probe.passage, cell.workload.request_timeout_s), stop))
-            status(f"{cell.id} #{repeat}: stopping")
+            _serve(server, cell, repeat, results, status, stop, seen)
     except BootError:
         pass  # the outcome says how; judged below like any other run
     except Stopped:
@@ -160,20 +145,57 @@ def run_one(
         # Interrupted also when the stop came while the server booted or stopped, after the waits
         # that watch for it: it may have reached the server as well (at a job's time limit Slurm
         # signals every process of the job), so how it then booted or exited is not its own doing.
-        interrupted = stop.stopped
         # Also on the way out of an error (results that cannot be written): what is known of
         # the run is recorded if it can be.
-        outcome = server.outcome
-        log = Path(outcome.log_path)
-        # What was observed, no more: the judge makes the findings (bench.core.judge.judge).
-        record = RunRecord(
-            cell_id=cell.id, repeat=repeat,
-            server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
-            requests_s=requests_s, reference=reference, interrupted=interrupted,
-            perf=_perf(config, cell, outcome, requests, requests_s, metrics),
-        )
+        interrupted = stop.stopped
+        record = _run_record(config, cell, repeat, results, server.outcome, seen, interrupted)
         results.add_run(record)
     return record
+
+
+def _server_for(cell: Cell, repeat: int, launcher: Launcher, run_dir: Path, status: Callable[[str], None],
+                devices: Devices | None, stop: StopToken, refused: str | None) -> LaunchedServer:
+    """The run's server: the launcher's, or one never started that says why (`refused` on this
+    host, or too little memory for vLLM to start, bench.serve.memory)."""
+    if refused is not None:
+        return not_runnable_server(refused, run_dir)
+    short = _settle(launcher, run_dir, status, cell) if cell.profile.unified_memory else None
+    if short is not None:
+        return not_runnable_server(short, run_dir)
+    return launcher.server(cell, repeat, run_dir, devices, stop)
+
+
+def _serve(server: LaunchedServer, cell: Cell, repeat: int, results: ResultsDir, status: Callable[[str], None],
+           stop: StopToken, seen: _Observed) -> None:
+    """The workload, the server's counters over it, then the reference probe, on a booted server."""
+    status(f"{cell.id} #{repeat}: serving")
+    before = _scrape(server.base_url)
+    t0 = time.monotonic()
+    seen.requests = asyncio.run(_until_stopped(
+        run_workload(server.base_url, cell.model.served, cell.workload,
+                     cell_id=cell.id, repeat=repeat, top_k=cell.logprobs_k, on_record=results.add_request),
+        stop,
+    ))
+    seen.requests_s = time.monotonic() - t0
+    # Before the reference probe: the counters must cover the workload alone.
+    seen.metrics = _counters(before, server.base_url)
+    probe = cell.reference_text
+    if probe.enabled:
+        seen.reference = asyncio.run(_until_stopped(score_reference(
+            server.base_url, cell.model.served, probe.passage, cell.workload.request_timeout_s), stop))
+    status(f"{cell.id} #{repeat}: stopping")
+
+
+def _run_record(config: Config, cell: Cell, repeat: int, results: ResultsDir, outcome: ServerOutcome,
+                seen: _Observed, interrupted: bool) -> RunRecord:
+    """What was observed, no more: the judge makes the findings (bench.core.judge.judge)."""
+    log = Path(outcome.log_path)
+    return RunRecord(
+        cell_id=cell.id, repeat=repeat,
+        server=outcome.model_copy(update={"log_path": os.path.relpath(log, results.path)}),
+        requests_s=seen.requests_s, reference=seen.reference, interrupted=interrupted,
+        perf=_perf(config, cell, outcome, seen.requests, seen.requests_s, seen.metrics),
+    )
 
 
 _SETTLERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # launcher -> Settler (one per bench run)
