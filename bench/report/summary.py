@@ -14,6 +14,7 @@ from bench.core.records import (
     CellSummary,
     Fingerprint,
     JobRecord,
+    PreflightRecord,
     Summary,
 )
 from bench.core.stats import percent_range
@@ -186,45 +187,65 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
     if examples:
         lines += ["", "## First finding per failing cell", ""]
         lines += [f"- `{c.cell_id}`: {c.example}" for c in examples]
-    if summary.preflight:
-        lines += ["", "## Pre-flight: the weights before any server", ""]
-        for p in summary.preflight:
-            what = f"{p.kind} `{p.model}`" + (f" with `{p.image}` / `{p.load_format}`" if p.image else "")
-            state = "skipped" if p.skipped else "ok" if p.ok else "**FAILED**" + (
-                f" ({p.lost} tensor deliveries lost)" if p.lost else "")
-            lines.append(f"- {what}: {state}")
-            lines += [f"  - {line}" for line in (*p.problems, *p.notes)]
+    lines += preflight_markdown(summary.preflight)
     lines += probes_markdown(summary.cells)
     lines += invariance_markdown(summary.cells)
-    nondeterministic = [c for c in summary.cells if c.nondeterministic]
-    if nondeterministic:
-        lines += ["", "## Nondeterministic outputs", "",
-                  "Token ids that differ between repeats of one cell (not counted in the verdict).", ""]
-        for c in nondeterministic:
-            lines += _nondeterminism_lines(c)
-    if fingerprints:
-        pinned = any(f.image_ref for f in fingerprints)  # containers: which build every repeat ran
-        # The packages where FP8/NVFP4 regressions live: a column only where some image has one.
-        extra = [(k, label) for k, label in _PACKAGE_COLUMNS if any(getattr(f, k) for f in fingerprints)]
-        lines += ["", "## Environments", "", "| image |" + (" ref → pinned to |" if pinned else "")
-                  + " vLLM | runai-model-streamer | torch | CUDA |" + "".join(f" {label} |" for _, label in extra)
-                  + " Python | arch | CPU | GPU |",
-                  "|---|" + ("---|" if pinned else "") + "---|---|---|---|" + "---|" * len(extra)
-                  + "---|---|---|---|"]
-        for f in fingerprints:
-            lines.append(
-                f"| {f.image} |" + (f" {_pin(f)} |" if pinned else "")
-                + f" {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} |"
-                + "".join(f" {getattr(f, k) or '-'} |" for k, _ in extra)
-                + f" {f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
-                + (f" probe error: {f.error}" if f.error else "")
-            )
+    lines += nondeterminism_markdown(summary.cells)
+    lines += environments_markdown(fingerprints)
     lines += jobs_markdown(jobs)
     lines += perf_markdown(summary.cells)
     if diagnosis is not None:
         lines += diagnosis_markdown(diagnosis)
     lines += ["", "Per-run detail: `report.html` and `junit.xml` in the results folder."]
     return "\n".join(lines) + "\n"
+
+
+def preflight_markdown(preflight: Sequence[PreflightRecord]) -> list[str]:
+    """The checks of the weights made before any server, each with its problems and notes."""
+    if not preflight:
+        return []
+    lines = ["", "## Pre-flight: the weights before any server", ""]
+    for p in preflight:
+        what = f"{p.kind} `{p.model}`" + (f" with `{p.image}` / `{p.load_format}`" if p.image else "")
+        state = "skipped" if p.skipped else "ok" if p.ok else "**FAILED**" + (
+            f" ({p.lost} tensor deliveries lost)" if p.lost else "")
+        lines.append(f"- {what}: {state}")
+        lines += [f"  - {line}" for line in (*p.problems, *p.notes)]
+    return lines
+
+
+def nondeterminism_markdown(cells: Sequence[CellSummary]) -> list[str]:
+    nondeterministic = [c for c in cells if c.nondeterministic]
+    if not nondeterministic:
+        return []
+    lines = ["", "## Nondeterministic outputs", "",
+             "Token ids that differ between repeats of one cell (not counted in the verdict).", ""]
+    for c in nondeterministic:
+        lines += _nondeterminism_lines(c)
+    return lines
+
+
+def environments_markdown(fingerprints: Sequence[Fingerprint]) -> list[str]:
+    """Each image's fingerprint: what every repeat of its cells ran."""
+    if not fingerprints:
+        return []
+    pinned = any(f.image_ref for f in fingerprints)  # containers: which build every repeat ran
+    # The packages where FP8/NVFP4 regressions live: a column only where some image has one.
+    extra = [(k, label) for k, label in _PACKAGE_COLUMNS if any(getattr(f, k) for f in fingerprints)]
+    lines = ["", "## Environments", "", "| image |" + (" ref → pinned to |" if pinned else "")
+             + " vLLM | runai-model-streamer | torch | CUDA |" + "".join(f" {label} |" for _, label in extra)
+             + " Python | arch | CPU | GPU |",
+             "|---|" + ("---|" if pinned else "") + "---|---|---|---|" + "---|" * len(extra)
+             + "---|---|---|---|"]
+    for f in fingerprints:
+        lines.append(
+            f"| {f.image} |" + (f" {_pin(f)} |" if pinned else "")
+            + f" {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} |"
+            + "".join(f" {getattr(f, k) or '-'} |" for k, _ in extra)
+            + f" {f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
+            + (f" probe error: {f.error}" if f.error else "")
+        )
+    return lines
 
 
 _PACKAGE_COLUMNS = (("transformers", "transformers"), ("flashinfer", "FlashInfer"), ("triton", "Triton"),
