@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import time
 import xml.etree.ElementTree as ET
-from collections import defaultdict
+from collections import Counter, defaultdict
 
-from bench.core.records import CellSummary, Finding, Reason, RunRecord, RunResult, Summary
+from bench.core.records import CellSummary, Finding, Reason, RunRecord, RunResult, Summary, TokenDiff
 from bench.core.stats import rate_text
 
 # XML 1.0 cannot carry these at all, escaped or not; server logs and model outputs contain them.
@@ -51,6 +51,58 @@ def _failure_text(result: RunResult, findings: list[Finding]) -> str:
     return text if len(text) <= DETAIL_MAX_CHARS else text[:DETAIL_MAX_CHARS] + "\n… (truncated; see runs.jsonl)"
 
 
+def _judged(case: ET.Element, cell: CellSummary, run: RunRecord, result: RunResult | None) -> str | None:
+    """The testcase's <skipped> or <failure>, if it has one: returns which count it adds to."""
+    if run.interrupted or result is None:
+        _el(case, "skipped", message="interrupted: not judged")
+        return "skipped"
+    if result.not_runnable:
+        why = next((f.detail for f in result.findings if f.reason == Reason.NOT_RUNNABLE), "")
+        _el(case, "skipped", message=f"not runnable on this host: no server was started ({why})")
+        return "skipped"
+    if result.failed:
+        message = f"{', '.join(result.reasons)} ({_cell_line(cell)})"
+        # type: the run's own first finding; divergence is only its comparison with the baseline.
+        own = result.beside_divergence
+        kind = own[0].reason if own else result.reasons[0]
+        _el(case, "failure", _failure_text(result, own), message=message, type=kind)
+        return "failures"
+    return None
+
+
+def _system_out(case: ET.Element, run: RunRecord, nondet: dict[int, TokenDiff]) -> None:
+    out = [f"server log: {run.server.log_path}"]
+    if run.server.boot_s is not None:
+        out.append(f"boot: {run.server.boot_s:.1f} s")
+    if run.repeat in nondet:
+        d = nondet[run.repeat]
+        out.append(f"nondeterministic: prompt {d.prompt_id} differs from repeat {d.reference_repeat} "
+                   f"at token {d.position}")
+    _el(case, "system-out", "\n".join(out))
+
+
+def _cell_cases(suite: ET.Element, cell: CellSummary, cell_runs: list[RunRecord], counts: Counter[str]) -> list[float]:
+    """One testcase per run of the cell (one skipped testcase when it has none); returns each one's seconds."""
+    if not cell_runs:
+        case = _el(suite, "testcase", classname=cell.model, name=cell.cell_id, time="0")
+        _el(case, "skipped", message="not run: the cell has no run record")
+        counts.update(("tests", "skipped"))
+        return []
+    results = {r.repeat: r for r in cell.run_results}
+    nondet = {d.repeat: d for d in reversed(cell.nondeterminism)}  # first per repeat wins
+    times = []
+    for run in cell_runs:
+        seconds = _seconds(run)
+        times.append(seconds)
+        counts["tests"] += 1
+        case = _el(suite, "testcase", classname=cell.model, name=f"{cell.cell_id} #{run.repeat}",
+                   time=f"{seconds:.3f}")
+        if (counted := _judged(case, cell, run, results.get(run.repeat))) is not None:
+            counts[counted] += 1
+        _system_out(case, run, nondet)
+    return times
+
+
 def junit_xml(summary: Summary, runs: list[RunRecord]) -> str:
     runs_of: dict[str, list[RunRecord]] = defaultdict(list)
     for r in runs:
@@ -62,52 +114,16 @@ def junit_xml(summary: Summary, runs: list[RunRecord]) -> str:
     props = _el(suite, "properties")
     _el(props, "property", name="run_id", value=summary.run_id)
     _el(props, "property", name="config", value=summary.config_name)
-    tests = failures = skipped = 0
+    counts: Counter[str] = Counter()
     total_time = 0.0
-
     for cell in summary.cells:
-        results = {r.repeat: r for r in cell.run_results}
-        nondet = {d.repeat: d for d in reversed(cell.nondeterminism)}  # first per repeat wins
-        cell_runs = sorted(runs_of.get(cell.cell_id, []), key=lambda r: r.repeat)
-        if not cell_runs:
-            case = _el(suite, "testcase", classname=cell.model, name=cell.cell_id, time="0")
-            _el(case, "skipped", message="not run: the cell has no run record")
-            tests += 1
-            skipped += 1
-            continue
-        for run in cell_runs:
-            seconds = _seconds(run)
+        for seconds in _cell_cases(suite, cell, sorted(runs_of.get(cell.cell_id, []), key=lambda r: r.repeat), counts):
             total_time += seconds
-            tests += 1
-            case = _el(suite, "testcase", classname=cell.model, name=f"{cell.cell_id} #{run.repeat}",
-                       time=f"{seconds:.3f}")
-            result = results.get(run.repeat)
-            if run.interrupted or result is None:
-                _el(case, "skipped", message="interrupted: not judged")
-                skipped += 1
-            elif result.not_runnable:
-                why = next((f.detail for f in result.findings if f.reason == Reason.NOT_RUNNABLE), "")
-                _el(case, "skipped", message=f"not runnable on this host: no server was started ({why})")
-                skipped += 1
-            elif result.failed:
-                failures += 1
-                message = f"{', '.join(result.reasons)} ({_cell_line(cell)})"
-                # type: the run's own first finding; divergence is only its comparison with the baseline.
-                own = result.beside_divergence
-                kind = own[0].reason if own else result.reasons[0]
-                _el(case, "failure", _failure_text(result, own), message=message, type=kind)
-            out = [f"server log: {run.server.log_path}"]
-            if run.server.boot_s is not None:
-                out.append(f"boot: {run.server.boot_s:.1f} s")
-            if run.repeat in nondet:
-                d = nondet[run.repeat]
-                out.append(f"nondeterministic: prompt {d.prompt_id} differs from repeat {d.reference_repeat} "
-                           f"at token {d.position}")
-            _el(case, "system-out", "\n".join(out))
 
-    counts = dict(tests=tests, failures=failures, errors=0, skipped=skipped, time=f"{total_time:.3f}")
+    totals = dict(tests=counts["tests"], failures=counts["failures"], errors=0, skipped=counts["skipped"],
+                  time=f"{total_time:.3f}")
     for el in (root, suite):
-        for k, v in counts.items():
+        for k, v in totals.items():
             el.set(k, str(v))
     suite.set("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(summary.started_at)))
     suite.set("hostname", "regbench")
