@@ -23,7 +23,7 @@ from bench.bugreport.render import BugReport, render
 from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
 from bench.core.judge import judge
 from bench.core.matrix import Cell, matrix_image
-from bench.core.records import CellSummary, Fingerprint, RunRecord
+from bench.core.records import CellSummary, Fingerprint, RunRecord, Summary
 from bench.core.redact import Redactor, redactor_for
 from bench.core.request import endpoint, request_body
 from bench.core.verdicts import ExitEpisode, TokenDivergence
@@ -157,6 +157,43 @@ def _first_divergence(judged: CellSummary) -> TokenDivergence | None:
     return min(evidence, key=lambda x: (x[0], x[1]))[2] if evidence else None
 
 
+def _failing_cell(summary: Summary, cell_id: str, path: Path) -> CellSummary:
+    """The judged cell a report is for; a ConfigError for one the run lacks or one that did not fail."""
+    judged = next((c for c in summary.cells if c.cell_id == cell_id), None)
+    if judged is None:
+        known = ", ".join(c.cell_id for c in summary.cells)
+        raise ConfigError(f"--cell {cell_id}: no such cell in {path} (its cells: {known})")
+    if not judged.verdict.failing:
+        raise ConfigError(f"--cell {cell_id}: {str(judged.verdict).upper()} in {path}; "
+                          "a bug report is for a cell that failed or was flaky")
+    return judged
+
+
+def _fingerprint(fingerprints: list[Fingerprint], cell: Cell) -> Fingerprint | None:
+    """The cell's image's fingerprint: the last probe of an image wins, as in the diagnosis."""
+    fingerprint = None
+    for f in fingerprints:
+        if f.image == matrix_image(cell.image.name):
+            fingerprint = f
+    return fingerprint
+
+
+def _run_collect_env(cell: Cell, boxed: bool, pin: str | None, run_id: str, env: Mapping[str, str] | None,
+                     warnings: list[str]) -> tuple[str | None, str | None]:
+    """(vLLM's collect_env output, why it could not be run): in a container of the image or on
+    the host, as the cell's servers ran; why it could not also goes to `warnings`."""
+    try:
+        if boxed:
+            # Here, not at the top: the docker SDK only for a report of a container's cell.
+            from bench.bugreport.collect_env_docker import run_collect_env_docker
+
+            return run_collect_env_docker(cell, pin or str(cell.image.ref), run_id, warnings), None
+        return run_collect_env_local(cell, os.environ if env is None else env), None
+    except CollectEnvError as exc:
+        warnings.append(f"vLLM's collect_env could not be run here ({exc}); the report gives its command instead")
+        return None, str(exc)
+
+
 def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[str, str] | None = None,
                       collect_env: bool = True, warnings: list[str] | None = None) -> tuple[BugReport, Config, Config]:
     """The report of one failing or flaky cell, its one-cell matrix, and the matrix as run; with
@@ -166,13 +203,7 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
     results = open_results(path)
     data = results.load()
     summary = judge(data)
-    judged = next((c for c in summary.cells if c.cell_id == cell_id), None)
-    if judged is None:
-        known = ", ".join(c.cell_id for c in summary.cells)
-        raise ConfigError(f"--cell {cell_id}: no such cell in {results.path} (its cells: {known})")
-    if not judged.verdict.failing:
-        raise ConfigError(f"--cell {cell_id}: {str(judged.verdict).upper()} in {results.path}; "
-                          "a bug report is for a cell that failed or was flaky")
+    judged = _failing_cell(summary, cell_id, results.path)
     cells = {c.id: c for c in data.cells()}
     cell = cells[cell_id]
     diagnosis = diagnose_results(results.path, data.config, summary, data.runs, data.requests, data.fingerprints)
@@ -183,10 +214,7 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
     failed = {r.repeat for r in judged.run_results if r.reasons}
     # A cell failed by its pre-flight audit alone has no failing run: its first run stands for it.
     run = next((r for r in runs if r.repeat in failed), runs[0] if runs else None)
-    fingerprint: Fingerprint | None = None
-    for f in data.fingerprints:  # the last probe of an image wins, as in the diagnosis
-        if f.image == matrix_image(cell.image.name):
-            fingerprint = f
+    fingerprint = _fingerprint(data.fingerprints, cell)
     pin = fingerprint.image_pin if fingerprint else None
     # The back-end that runs an image by its reference runs it in a container (as the pre-flight says).
     boxed = "ref" in needs(data.config.launcher)
@@ -198,18 +226,8 @@ def gather_bug_report(path: Path, cell_id: str, matrix_file: str, env: Mapping[s
                            if isinstance(f.evidence, ExitEpisode)), None)
     collected, collect_error = None, None
     if collect_env:
-        warnings = [] if warnings is None else warnings
-        try:
-            if boxed:
-                # Here, not at the top: the docker SDK only for a report of a container's cell.
-                from bench.bugreport.collect_env_docker import run_collect_env_docker
-
-                collected = run_collect_env_docker(cell, pin or str(cell.image.ref), results.path.name, warnings)
-            else:
-                collected = run_collect_env_local(cell, os.environ if env is None else env)
-        except CollectEnvError as exc:
-            collect_error = str(exc)
-            warnings.append(f"vLLM's collect_env could not be run here ({exc}); the report gives its command instead")
+        collected, collect_error = _run_collect_env(cell, boxed, pin, results.path.name, env,
+                                                    [] if warnings is None else warnings)
     report = BugReport(
         run_id=results.path.name, cell=judged, diagnosis=cell_diagnosis,
         fingerprint=fingerprint, launcher=data.config.launcher, matrix_file=matrix_file,
