@@ -1,4 +1,4 @@
-"""The key reference of docs/matrix.md, made from the config models (bench/core/config.py): every
+"""The key reference of docs/matrix.md, made from the config models (bench/core/config/): every
 field of the matrix file and of a platform profile, its type, default and `Field(description=...)`.
 Never edited by hand: change a description in the models, then --write.
 
@@ -26,7 +26,7 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.core import config  # noqa: E402
+from bench.core import config, schema  # noqa: E402
 
 PAGE = ROOT / "docs" / "matrix.md"
 SECTION = "matrix-reference"  # the page's markers
@@ -61,7 +61,7 @@ def _constraints(metadata: list) -> list[str]:
 
 
 def _is_name(metadata: tuple | list) -> bool:
-    return any(isinstance(m, AfterValidator) and m.func is config._check_name for m in metadata)
+    return any(isinstance(m, AfterValidator) and m.func is schema._check_name for m in metadata)
 
 
 def kind(tp: object, metadata: tuple | list = ()) -> str:

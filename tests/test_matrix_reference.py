@@ -29,7 +29,7 @@ def test_docs_matrix_md_matches_the_models():
     page = (ROOT / "docs" / "matrix.md").read_text(encoding="utf-8")
     begin, end = "<!-- matrix-reference:begin -->", "<!-- matrix-reference:end -->"
     assert page[page.index(begin) + len(begin):page.index(end)].strip() == ref.reference(), (
-        "docs/matrix.md differs from bench/core/config.py: run scripts/matrix_reference.py --write")
+        "docs/matrix.md differs from bench/core/config/: run scripts/matrix_reference.py --write")
 
 
 def test_the_reference_names_every_key_and_a_changed_description_shows(monkeypatch):

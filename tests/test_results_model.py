@@ -77,7 +77,7 @@ def test_verdicts_are_derived_in_the_judge_module_only():
 
     out = subprocess.run(["git", "grep", "-l", "-E", r"judge_cell\(|apply_cell_checks\(|set_aside_probes\(",
                           "--", "bench"], capture_output=True, text=True, check=False).stdout.split()
-    assert out == ["bench/core/judge.py"], out
+    assert out and all(path.startswith("bench/core/judge/") for path in out), out
     assert sys.modules.get("bench.report.summary") is None or not hasattr(
         sys.modules["bench.report.summary"], "summarize_cells")
 

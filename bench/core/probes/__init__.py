@@ -1,0 +1,38 @@
+"""Contract probes: what a prompt's request asks beyond plain generation (`stop`, `logit_bias`,
+`n`, `json_schema`, `tools`, a seed, token ids with the text they decode to, another number of
+logprobs) and the promise of the OpenAI API its answer is held to. Pure; no I/O.
+
+They hold for any model, random weights included, so they need no baseline: a stop string the
+text still holds, a banned id that was generated, a missing choice, JSON that does not parse are
+wrong whatever the weights. One module per probe, each registering itself (bench.core.probes.base
+says what a probe declares); the order below is the order of their findings on one answer.
+"""
+
+from bench.core.probes.base import PROBES, ContractProbe, register
+
+# Registered as imported: this order is their findings' on one answer, and the first probe that
+# judges two twins judges them (another number of logprobs before a seed).
+# isort: off
+from bench.core.probes import stop
+from bench.core.probes import logit_bias
+from bench.core.probes import prompt_repeated
+from bench.core.probes import tools
+from bench.core.probes import choices
+from bench.core.probes import schema
+from bench.core.probes import top_logprobs
+from bench.core.probes import sampling
+# isort: on
+
+__all__ = [
+           "PROBES",
+           "ContractProbe",
+           "choices",
+           "logit_bias",
+           "prompt_repeated",
+           "register",
+           "sampling",
+           "schema",
+           "stop",
+           "tools",
+           "top_logprobs",
+]
