@@ -147,6 +147,23 @@ def test_the_first_probe_that_judges_twins_judges_them():
     assert [f.reason for f in found] == [Reason.LOGPROBS_VARY_WITH_K]
 
 
+def test_every_probe_module_registers_a_probe():
+    # A module left out of bench/core/probes/__init__.py's imports would never be registered.
+    import importlib
+    import pkgutil
+
+    import bench.core.probes as package
+
+    helpers = {"base", "validate"}
+    modules = {m.name for m in pkgutil.iter_modules(package.__path__)} - helpers
+    registered = {type(p).__module__.rsplit(".", 1)[1] for p in PROBES}
+    assert modules == registered
+    for name in modules:
+        module = importlib.import_module(f"bench.core.probes.{name}")
+        assert any(isinstance(v, type) and issubclass(v, ContractProbe) and v is not ContractProbe
+                   for v in vars(module).values()), name
+
+
 def test_every_fields_class_is_a_strict_model():
     for probe in PROBES:
         assert issubclass(probe.fields, BaseModel) and probe.fields.model_config.get("extra") == "forbid"

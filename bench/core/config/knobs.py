@@ -121,9 +121,8 @@ class Invariance(Strict):
     difference is `invariance_broken`, reported with both sides' tokens."""
 
     knobs: list[Annotated[Knob, BeforeValidator(_knob)]] = Field(
-        min_length=1, description="a built-in knob's name (`serial`, `no-prefix-caching`, `chunked-prefill`, "
-                                  "`stream-inverted`) or a knob of your own (`{name, server_args, env, concurrency, "
-                                  "stream}`)")
+        min_length=1, description=f"a built-in knob's name ({', '.join(f'`{k}`' for k in BUILTIN_KNOBS)}) or a knob "
+                                  "of your own (`{name, server_args, env, concurrency, stream}`)")
     cells: list[CellFilter] = Field(
         default=[], description="the cells the knobs are applied to; default: the baseline cells (every cell "
                                 "without a baseline rule)")

@@ -121,24 +121,7 @@ def judge_cell(
     order = {p.id: i for i, p in enumerate(cell.workload.prompts)}
     judged_requests = sorted((q for q in requests if q.repeat in per_run),
                              key=lambda q: (q.repeat, order.get(q.prompt_id, len(order))))
-    positions: list[int] = []
-    diverged: dict[int, list[TokenDiff]] = {}
-    if baseline:
-        sampled = frozenset(p.id for p in cell.workload.prompts if p.sampling is not None)
-        for repeat, pos, f in divergence(judged_requests, baseline.outputs, comparator, sampled):
-            if f.reason == Reason.NEVER_STOPS:
-                per_run[repeat].append(f)
-                continue
-            if cell.knob is not None:
-                # The one thing that differs from the cell it is compared with is the knob.
-                f = Finding(reason=Reason.INVARIANCE_BROKEN, prompt_id=f.prompt_id,
-                            evidence=f.evidence.model_copy(update={"knob": cell.knob.name}))
-            per_run[repeat].append(f)
-            positions.append(pos)
-            diverged.setdefault(repeat, []).append(TokenDiff(prompt_id=f.prompt_id, repeat=repeat, position=pos))
-        if probe is not None:
-            for repeat, f in reference_drift(judged, baseline.mean_nll, probe):
-                per_run[repeat].append(f)
+    positions, diverged = _against_baseline(cell, judged, judged_requests, per_run, baseline, comparator, probe)
     set_aside: dict[int, list[Finding]] = {}
     if cell.is_baseline or (cell.baseline_id is not None and baseline is not None):
         shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
@@ -150,30 +133,8 @@ def judge_cell(
     unrunnable = {repeat for repeat, rs in run_reasons.items() if Reason.NOT_RUNNABLE in rs}
     counted = len(judged) - len(unrunnable)
     failures = sum(1 for repeat, rs in run_reasons.items() if rs and repeat not in unrunnable)
-    reasons = Counter(reason for rs in run_reasons.values() for reason in rs)
     example = next((fs[0].detail for fs in per_run.values() if fs), None)
-
-    # Within-cell reference per prompt: the first clean run's output, else the first run's.
     clean = {repeat for repeat, rs in run_reasons.items() if not rs}
-    own_ref: dict[str, RequestRecord] = {}
-    with_ids = [q for q in judged_requests if q.token_ids is not None]
-    for q in with_ids:
-        if q.repeat in clean:
-            own_ref.setdefault(q.prompt_id, q)
-    for q in with_ids:
-        own_ref.setdefault(q.prompt_id, q)
-    nondeterminism = []
-    for q in with_ids:
-        ref = own_ref[q.prompt_id]
-        mine, theirs = q.output, ref.output
-        if ref.repeat == q.repeat or mine is None or theirs is None:
-            continue
-        differs_at = comparator.first_difference(mine, theirs)
-        if differs_at is not None:
-            nondeterminism.append(
-                TokenDiff(prompt_id=q.prompt_id, repeat=q.repeat, position=differs_at, reference_repeat=ref.repeat)
-            )
-
     return CellSummary(
         perf=cell_perf(judged, judged_requests),
         cell_id=cell.id,
@@ -185,13 +146,13 @@ def judge_cell(
         runs=counted,
         failures=failures,
         verdict=Verdict.NOT_RUNNABLE if unrunnable and not counted else verdict(failures, counted),
-        reasons=dict(sorted(reasons.items())),
+        reasons=dict(sorted(Counter(reason for rs in run_reasons.values() for reason in rs).items())),
         divergence_positions=positions,
         example=example.splitlines()[0][:200] if example else None,
         failure_rate_interval=wilson_interval(failures, counted) if counted else None,
-        nondeterminism=nondeterminism,
+        nondeterminism=_nondeterminism(judged_requests, clean, comparator),
         unconfirmed_probes=probe_notes(set_aside, cell.is_baseline, cell.knob.name if cell.knob else None,
-                                        baseline.missed if baseline is not None else frozenset()),
+                                       baseline.missed if baseline is not None else frozenset()),
         comparator=comparator.name,
         knob=cell.knob.name if cell.knob else None,
         knob_changes=cell.knob.describe() if cell.knob else None,
@@ -204,6 +165,57 @@ def judge_cell(
             for repeat, rs in run_reasons.items()
         ],
     )
+
+
+def _against_baseline(cell: Cell, judged: list[RunRecord], requests: list[RequestRecord],
+                      per_run: dict[int, list[Finding]], baseline: Baseline | None, comparator: Comparator,
+                      probe: ReferenceText | None) -> tuple[list[int], dict[int, list[TokenDiff]]]:
+    """Adds to `per_run` each run's findings against the baseline (divergence, or a knob's broken
+    invariance; an answer that ran on; a drifted reference score), and returns where the runs
+    diverged: every position, and each run's differences."""
+    positions: list[int] = []
+    diverged: dict[int, list[TokenDiff]] = {}
+    if not baseline:
+        return positions, diverged
+    sampled = frozenset(p.id for p in cell.workload.prompts if p.sampling is not None)
+    for repeat, pos, f in divergence(requests, baseline.outputs, comparator, sampled):
+        if f.reason == Reason.NEVER_STOPS:
+            per_run[repeat].append(f)
+            continue
+        if cell.knob is not None:
+            # The one thing that differs from the cell it is compared with is the knob.
+            f = Finding(reason=Reason.INVARIANCE_BROKEN, prompt_id=f.prompt_id,
+                        evidence=f.evidence.model_copy(update={"knob": cell.knob.name}))
+        per_run[repeat].append(f)
+        positions.append(pos)
+        diverged.setdefault(repeat, []).append(TokenDiff(prompt_id=f.prompt_id, repeat=repeat, position=pos))
+    if probe is not None:
+        for repeat, f in reference_drift(judged, baseline.mean_nll, probe):
+            per_run[repeat].append(f)
+    return positions, diverged
+
+
+def _nondeterminism(requests: list[RequestRecord], clean: set[int], comparator: Comparator) -> list[TokenDiff]:
+    """Where each repeat's tokens of a prompt differ from the cell's own reference for it: the
+    first clean run's output, else the first run's."""
+    own_ref: dict[str, RequestRecord] = {}
+    with_ids = [q for q in requests if q.token_ids is not None]
+    for q in with_ids:
+        if q.repeat in clean:
+            own_ref.setdefault(q.prompt_id, q)
+    for q in with_ids:
+        own_ref.setdefault(q.prompt_id, q)
+    out = []
+    for q in with_ids:
+        ref = own_ref[q.prompt_id]
+        mine, theirs = q.output, ref.output
+        if ref.repeat == q.repeat or mine is None or theirs is None:
+            continue
+        differs_at = comparator.first_difference(mine, theirs)
+        if differs_at is not None:
+            out.append(TokenDiff(prompt_id=q.prompt_id, repeat=q.repeat, position=differs_at,
+                                 reference_repeat=ref.repeat))
+    return out
 
 
 def apply_cell_checks(summary: CellSummary, runs: list[RunRecord], audit: PreflightRecord | None) -> CellSummary:
