@@ -40,7 +40,7 @@ from bench.core.config import Image
 from bench.core.location import is_object_uri
 from bench.core.records import Record
 from bench.weights import readers
-from bench.weights.checkpoint import TensorHash, checkpoint_files, hash_tensors, inspect_files, observed_stop
+from bench.weights.checkpoint import Files, TensorHash, checkpoint_files, hash_tensors, inspect_files, observed_stop
 from bench.weights.errors import AuditError, ReaderError
 from bench.weights.model import AuditReport, AuditRun, CheckpointReport, FileLoss, Mismatch, Shard, Skipped, TensorInfo
 from bench.weights.protocols import ReaderSpec
@@ -290,31 +290,85 @@ def audit_checkpoint(
     if not report.shards:
         raise AuditError(f"{where}: no *.safetensors files to stream")
     runs = file_orders(report, orders, shuffles, seed)
+    image = _reader_image(python, pythonpath, env, image_ref, pull, overlays)
+    # An image reference is what runs the reader in a container of the image.
+    plan = _ReaderPlan(runs=runs, loaders=list(loaders), where=where, backend="local" if image_ref is None else "docker",
+                       local=None if remote or image_ref is None else Path(where), overlays=tuple(overlays),
+                       run_id=run_id or "audit")
+    streamed = _stream(image, plan, report, files, workers, timeout_s)
+    results = _audit_runs(runs, loaders, streamed, report.shards)
+    hello = streamed.parsed.hello
+    skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {hello.vllm_error}")] \
+        if hello.vllm_error is not None else []
+    return AuditReport(
+        path=where, python=python, pythonpath=list(pythonpath), env=env, image=image_ref, overlays=list(overlays),
+        streamer_version=hello.streamer_version, streamer_path=hello.streamer_path,
+        torch_version=hello.torch_version, vllm_version=hello.vllm_version,
+        vllm_iterator=hello.vllm_iterator, skipped=skipped,
+        baseline_tensors=len(streamed.baseline), baseline_bytes=sum(h.nbytes for h in streamed.baseline),
+        baseline_seconds=round(streamed.baseline_s, 3), reader_exit_code=streamed.exit_code,
+        reader_seconds=round(streamed.reader_s, 3), reader_import_seconds=hello.import_seconds,
+        reader_vllm_seconds=hello.vllm_seconds, runs=results,
+        checkpoint_problems=report.problems, problems=[r.line() for r in results if r.problem],
+    )
+
+
+def _reader_image(python: str, pythonpath: Sequence[str], env: dict[str, str], image_ref: str | None,
+                  pull: Literal["always", "if-missing", "never"], overlays: Sequence[str]) -> Image:
+    """Where the reader runs, as an image of the matrix: this host's Python, or a container's."""
     if overlays and image_ref is None:
         raise AuditError("overlays are mounted into a container: they need an image")
     try:
-        image = Image(name="audit", ref=image_ref, pull=pull, python=python, pythonpath=list(pythonpath), env=env)
+        return Image(name="audit", ref=image_ref, pull=pull, python=python, pythonpath=list(pythonpath), env=env)
     except ValidationError as exc:
         raise AuditError(f"invalid reader settings: {exc.errors(include_url=False)[0]['msg']}") from None
 
+
+@dataclass
+class _ReaderPlan:
+    """What the reader is asked to stream, and where the checkpoint is for it."""
+
+    runs: list[FileOrder]
+    loaders: list[str]
+    where: str  # the checkpoint as the reader names its files: a folder or an object store URI
+    backend: str  # the reader back-end (bench.weights.readers): "local" or "docker"
+    local: Path | None  # a host folder to mount into the reader's container; None: no container, or remote
+    overlays: tuple[str, ...]
+    run_id: str
+
+
+@dataclass
+class _Streamed:
+    """One reader run and the baseline hashed while it ran."""
+
+    baseline: list[TensorHash]
+    baseline_s: float
+    reader_s: float
+    exit_code: int | None  # None: it timed out
+    reason: str  # how the reader ended, for runs it did not finish
+    parsed: _ReaderRun
+
+
+def _stream(image: Image, plan: _ReaderPlan, report: CheckpointReport, files: Files, workers: int | None,
+            timeout_s: float) -> _Streamed:
+    """Runs the reader over every order and loader; the baseline is hashed from the files meanwhile."""
     with tempfile.TemporaryDirectory(prefix="regbench-audit-") as scratch_dir:
         scratch = Path(scratch_dir)
-        plan = scratch / "plan.json"
-        plan.write_text(json.dumps({
-            "runs": [{"order": r.order, "files": [f"{where}/{f}" for f in r.files]} for r in runs],
-            "loaders": list(loaders),
+        plan_file = scratch / "plan.json"
+        plan_file.write_text(json.dumps({
+            "runs": [{"order": r.order, "files": [f"{plan.where}/{f}" for f in r.files]} for r in plan.runs],
+            "loaders": plan.loaders,
         }))
-        local = None if remote or image_ref is None else Path(where)
-        spec = ReaderSpec(image=image, plan=plan, scratch=scratch, checkpoint=local,
-                         files=() if local is None else tuple(local / shard.file for shard in report.shards),
-                         overlays=tuple(overlays), run_id=run_id or "audit")
-        # An image reference is what runs the reader in a container of the image.
-        reader = readers.start("local" if image_ref is None else "docker", spec)
+        local = plan.local
+        spec = ReaderSpec(image=image, plan=plan_file, scratch=scratch, checkpoint=local,
+                          files=() if local is None else tuple(local / shard.file for shard in report.shards),
+                          overlays=plan.overlays, run_id=plan.run_id)
+        reader = readers.start(plan.backend, spec)
         with reader as running:
             # The reader spends its first seconds importing torch: hash the baseline meanwhile.
             started = time.monotonic()
             try:
-                baseline = hash_tensors(where, report.shards, workers, files)
+                baseline = hash_tensors(plan.where, report.shards, workers, files)
             except OSError as exc:
                 raise AuditError(f"cannot read the checkpoint: {exc}") from None
             baseline_s = time.monotonic() - started
@@ -324,7 +378,15 @@ def audit_checkpoint(
             stdout, stderr_tail = running.output()
         reason = _exit_reason(code, timed_out)
         parsed = _parse(stdout, stderr_tail, reason)
+    return _Streamed(baseline=baseline, baseline_s=baseline_s, reader_s=reader_s,
+                     exit_code=None if timed_out else code, reason=reason, parsed=parsed)
 
+
+def _audit_runs(runs: Sequence[FileOrder], loaders: Sequence[str], streamed: _Streamed,
+                shards: Sequence[Shard]) -> list[AuditRun]:
+    """Each order and loader the reader was asked for, compared with the baseline; a run the reader
+    did not finish says how it ended, one it cannot drive says so."""
+    parsed, baseline, reason = streamed.parsed, streamed.baseline, streamed.reason
     results = []
     for run in runs:
         for loader in loaders:
@@ -342,20 +404,7 @@ def audit_checkpoint(
                 error, seconds = f"{reason} while streaming", None
             else:
                 error, seconds = f"not run: {reason} before this run", None
-            results.append(compare(run, loader, baseline, parsed.delivered.get(key, []), error, seconds,
-                                   report.shards))
+            results.append(compare(run, loader, baseline, parsed.delivered.get(key, []), error, seconds, shards))
     if not results:
         raise ReaderError(f"nothing was audited: vLLM does not import ({parsed.hello.vllm_error})")
-    skipped = [Skipped(loader="vllm", reason=f"vllm does not import: {parsed.hello.vllm_error}")] \
-        if parsed.hello.vllm_error is not None else []
-    return AuditReport(
-        path=where, python=python, pythonpath=list(pythonpath), env=env, image=image_ref, overlays=list(overlays),
-        streamer_version=parsed.hello.streamer_version, streamer_path=parsed.hello.streamer_path,
-        torch_version=parsed.hello.torch_version, vllm_version=parsed.hello.vllm_version,
-        vllm_iterator=parsed.hello.vllm_iterator, skipped=skipped,
-        baseline_tensors=len(baseline), baseline_bytes=sum(h.nbytes for h in baseline),
-        baseline_seconds=round(baseline_s, 3), reader_exit_code=None if timed_out else code,
-        reader_seconds=round(reader_s, 3), reader_import_seconds=parsed.hello.import_seconds,
-        reader_vllm_seconds=parsed.hello.vllm_seconds, runs=results,
-        checkpoint_problems=report.problems, problems=[r.line() for r in results if r.problem],
-    )
+    return results
