@@ -22,7 +22,7 @@ from bench.core.matrix import expand
 from bench.core.records import Summary
 from bench.core.redact import redactor_for
 from bench.core.slicing import parse_shard, slice_cells
-from bench.history.model import entry_of
+from bench.history.rows import entry_of
 from bench.history.store import default_url, open_history
 from bench.report.summary import table
 from bench.runner import check_devices, run_matrix

@@ -6,5 +6,6 @@ One package, one feature, in layers (pyproject.toml's import contracts):
     command   `regbench history` (ingest, show, trend) and its arguments
     store     the database (SQLAlchemy: SQLite, PostgreSQL), ingesting a results folder, the page
     table     the console tables         trend   the trend page (HTML, SVG)
-    model     a run as history rows, series, regressions and slowdowns: pure, no I/O
+    model     series, regressions and slowdowns across the stored runs: pure, no I/O
+    rows      a judged run as history rows: pure, no I/O
 """

@@ -3,7 +3,7 @@ medians, in SQLite by default (`results/history.sqlite`, beside the run folders)
 SQLAlchemy reaches (PostgreSQL through psycopg for a team whose runners share one).
 
 What goes in is derived by the bench's own reader and judge (open_results, bench.core.judge.judge,
-diagnose_results) and shaped by bench.history.model.entry_of; this module only stores and reads.
+diagnose_results) and shaped by bench.history.rows.entry_of; this module only stores and reads.
 
 Concurrency. Several runners may ingest into one database at once, and a run may be ingested twice
 (a retried CI step, `history ingest results/*` over folders already in). A run's rows are written in
@@ -57,19 +57,16 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, NoSuchModuleError, SQL
 
 from bench.core.errors import EXIT_WRITE, RegbenchError
 from bench.core.judge import judge
-from bench.history.model import (
-    DEFAULT_WINDOW,
+from bench.history.model import DEFAULT_WINDOW, CellHistory, cell_histories, series_of
+from bench.history.rows import (
     FINGERPRINT_FIELDS,
-    CellHistory,
     RunEntry,
     StoredCell,
     StoredFingerprint,
     StoredPerf,
     StoredRun,
     StoredRunValue,
-    cell_histories,
     entry_of,
-    series_of,
 )
 from bench.store.evidence import diagnose_results
 from bench.store.publish import open_results
