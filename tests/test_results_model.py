@@ -75,7 +75,7 @@ def test_verdicts_are_derived_in_the_judge_module_only():
     # The judge is the one place: no other module of the bench calls judge_cell or its checks.
     import subprocess
 
-    out = subprocess.run(["git", "grep", "-l", "-E", r"judge_cell\(|apply_cell_checks\(|set_aside_probes\(",
+    out = subprocess.run(["git", "grep", "-l", "-E", r"judge_cell\(|apply_cell_checks\(|set_aside_unconfirmed\(",
                           "--", "bench"], capture_output=True, text=True, check=False).stdout.split()
     assert out and all(path.startswith("bench/core/judge/") for path in out), out
     assert sys.modules.get("bench.report.summary") is None or not hasattr(

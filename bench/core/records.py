@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from bench.core.tokens import Output, TokenLogprobs
 from bench.core.verdicts import NOT_RUNNABLE, Finding, Reason, Verdict
@@ -80,7 +80,7 @@ class RequestRecord(Record):
 
 
 class ReferenceScore(Record):
-    """The reference-text probe of one run: how likely the server finds a fixed passage, as the
+    """The reference-text score of one run: how likely the server finds a fixed passage, as the
     mean negative log-likelihood per token of its prompt logprobs (nats; lower is likelier)."""
 
     mean_nll: float | None = None  # None: not measured (error), or a logprob was not a number
@@ -132,7 +132,7 @@ class ServerOutcome(Record):
 
 class ServerMetrics(Record):
     """The server's own counters (its Prometheus /metrics), over the workload: scraped once the
-    server is healthy and again after the last request, before the reference probe and the stop."""
+    server is healthy and again after the last request, before the reference text is scored and the stop."""
 
     prompt_tokens: float | None = None  # vllm:prompt_tokens_total, after − before
     generation_tokens: float | None = None  # vllm:generation_tokens_total, after − before
@@ -179,7 +179,7 @@ class RunRecord(Record):
     repeat: int
     server: ServerOutcome
     requests_s: float | None = None
-    reference: ReferenceScore | None = None  # None: the probe is off (or the run never served)
+    reference: ReferenceScore | None = None  # None: the reference text is off (or the run never served)
     perf: RunPerf | None = None  # None: written by a regbench without performance figures
     # Written by regbench before its findings were all made by the judge (the run's own findings,
     # judged when it ended). Never written now; read only for a run whose server log is gone,
@@ -261,11 +261,12 @@ class TokenDiff(Record):
     reference_repeat: int | None = None  # within-cell comparisons: the repeat compared with
 
 
-class ProbeNote(Record):
-    """An absolute probe (a known answer, the reference-text ceiling) that a cell's runs missed
-    while the baseline cell missed it too and nothing else corroborated it, or a contract probe
-    the server refuses as its baseline does: not counted against the cell
-    (bench.core.judge.set_aside_probes), reported on its own."""
+class UnconfirmedNote(Record):
+    """A finding set aside as unconfirmed, not counted against the cell
+    (bench.core.judge.set_aside_unconfirmed), reported on its own: an absolute check (a known
+    answer, the reference-text ceiling) that a cell's runs missed while the baseline cell missed it
+    too and nothing else corroborated it, or a contract probe the server refuses as its baseline
+    does (or under a knob)."""
 
     reason: Reason  # expectation_failed, reference_nll, or http_error (a contract probe the server refuses)
     prompt_id: str | None = None  # the known answer's prompt; None for the reference text
@@ -276,8 +277,8 @@ class ProbeNote(Record):
 
 class RunResult(Record):
     """One judged run of a cell: what counts against it (its own findings, its divergence from
-    the baseline, an invariance broken, a reference score drifted; probes set aside are not
-    here but in the cell's unconfirmed_probes) and their reasons."""
+    the baseline, an invariance broken, a reference score drifted; the findings set aside as
+    unconfirmed are not here but in the cell's `unconfirmed`) and their reasons."""
 
     repeat: int
     reasons: list[Reason] = []  # sorted, one entry per reason; empty = the run passed
@@ -352,11 +353,14 @@ class CellSummary(Record):
     knob: str | None = None
     knob_changes: str | None = None
     invariance_broken: str | None = None
-    # The reference-text probe's score per judged run that made it (None: not a number or not measured).
+    # The reference-text score per judged run that made it (None: not a number or not measured).
     reference_nll: list[float | None] = []
     perf: dict[str, MetricSummary] = {}  # metric name (bench.core.perf.METRICS) -> figures
-    # Absolute probes missed here and by the baseline alike, with nothing else against this cell.
-    unconfirmed_probes: list[ProbeNote] = []
+    # Set aside, not counted: absolute checks missed here and by the baseline alike with nothing
+    # else against this cell, and contract probes the server refuses. Read under its old name,
+    # `unconfirmed_probes`, from a summary.json written before.
+    unconfirmed: list[UnconfirmedNote] = Field(
+        default=[], validation_alias=AliasChoices("unconfirmed", "unconfirmed_probes"))
 
     @property
     def nondeterministic(self) -> bool:

@@ -32,9 +32,9 @@ def _reasons(c: CellSummary) -> str:
     parts = [f"{reason} ({n}/{c.runs})" for reason, n in c.reasons.items()]
     if c.divergence_positions:
         parts.append(f"first divergence at token {min(c.divergence_positions)}")
-    if c.unconfirmed_probes:
-        parts.append("probes set aside, not counted: " + ", ".join(
-            n.prompt_id or "reference text" for n in c.unconfirmed_probes))
+    if c.unconfirmed:
+        parts.append("unconfirmed, not counted: " + ", ".join(
+            n.prompt_id or "reference text" for n in c.unconfirmed))
     return ", ".join(parts) or "-"
 
 
@@ -64,32 +64,44 @@ def _nondeterminism_lines(c: CellSummary, limit: int = 10) -> list[str]:
     return lines
 
 
-def _probe_label(reason: str, prompt_id: str | None) -> str:
+def _unconfirmed_label(reason: Reason, prompt_id: str | None) -> str:
+    if reason == Reason.HTTP_ERROR:
+        return f"contract probe of prompt `{prompt_id}`, refused (HTTP 400)"
     return f"known answer of prompt `{prompt_id}`" if prompt_id else "reference-text ceiling"
 
 
-def probes_markdown(cells: Sequence[CellSummary]) -> list[str]:
-    """The "Probes that did not hold" section: absolute probes set aside because the baseline
-    missed them too, with where else in the matrix each one holds, so a reader can tell a probe
-    that does not fit the model's numerics from everything answering wrongly."""
-    noted = [c for c in cells if c.unconfirmed_probes]
+def _unconfirmed_where(reason: Reason, holds: Sequence[CellSummary]) -> str:
+    """Where else in the matrix a set-aside check holds, or a refused contract probe is served."""
+    cells = ", ".join(f"`{c.cell_id}`" for c in holds)
+    if reason == Reason.HTTP_ERROR:
+        return f"served in {cells}" if holds else "served by no judged cell: no server here has the feature"
+    return (f"it holds in {cells}: the check depends on numerics" if holds
+            else "it holds in no judged cell: the check does not fit this model, or every cell answers wrongly")
+
+
+def unconfirmed_markdown(cells: Sequence[CellSummary]) -> list[str]:
+    """The "Unconfirmed: set aside, not counted" section: absolute checks set aside because the
+    baseline missed them too, and contract probes the server refuses, with where else in the
+    matrix each one holds, so a reader can tell a check that does not fit the model's numerics
+    from everything answering wrongly."""
+    noted = [c for c in cells if c.unconfirmed]
     if not noted:
         return []
-    lines = ["", "## Probes that did not hold", "",
+    lines = ["", "## Unconfirmed: set aside, not counted", "",
              "Known answers or the reference ceiling that the baseline cell missed too, with nothing else "
-             "against the cell: not counted in its verdict.", ""]
-    keys = sorted({(n.reason, n.prompt_id) for c in noted for n in c.unconfirmed_probes},
+             "against the cell, and contract probes the server refuses (as the baseline does, or under a knob): "
+             "not counted in the cell's verdict.", ""]
+    keys = sorted({(n.reason, n.prompt_id) for c in noted for n in c.unconfirmed},
                   key=lambda k: (k[0], k[1] or ""))
     for reason, prompt in keys:
-        missing = [c for c in noted if any((n.reason, n.prompt_id) == (reason, prompt) for n in c.unconfirmed_probes)]
+        missing = [c for c in noted if any((n.reason, n.prompt_id) == (reason, prompt) for n in c.unconfirmed)]
         counted = [c for c in cells if reason in c.reasons and c not in missing]
         holds = [c for c in cells if c.runs and c not in missing and c not in counted]
-        where = (f"it holds in {', '.join(f'`{c.cell_id}`' for c in holds)}: the probe depends on numerics"
-                 if holds else "it holds in no judged cell: the probe does not fit this model, or every cell answers wrongly")
-        lines.append(f"- {_probe_label(reason, prompt)}: missed in {len(missing)} cell(s) with the baseline, "
-                     f"with no divergence and a normal reference score; {where}")
+        how = (f"refused in {len(missing)} cell(s), skipped there" if reason == Reason.HTTP_ERROR else
+               f"missed in {len(missing)} cell(s) with the baseline, with no divergence and a normal reference score")
+        lines.append(f"- {_unconfirmed_label(reason, prompt)}: {how}; {_unconfirmed_where(reason, holds)}")
         for c in missing:
-            n = next(n for n in c.unconfirmed_probes if (n.reason, n.prompt_id) == (reason, prompt))
+            n = next(n for n in c.unconfirmed if (n.reason, n.prompt_id) == (reason, prompt))
             lines.append(f"  - `{c.cell_id}` ({n.runs}/{c.runs} runs): {n.detail[:160]}")
     return lines
 
@@ -188,7 +200,7 @@ def markdown(summary: Summary, fingerprints: list[Fingerprint], diagnosis: Diagn
         lines += ["", "## First finding per failing cell", ""]
         lines += [f"- `{c.cell_id}`: {c.example}" for c in examples]
     lines += preflight_markdown(summary.preflight)
-    lines += probes_markdown(summary.cells)
+    lines += unconfirmed_markdown(summary.cells)
     lines += invariance_markdown(summary.cells)
     lines += nondeterminism_markdown(summary.cells)
     lines += environments_markdown(fingerprints)
@@ -243,7 +255,7 @@ def environments_markdown(fingerprints: Sequence[Fingerprint]) -> list[str]:
             + f" {f.vllm} | {f.runai_model_streamer} | {f.torch} | {f.cuda or '-'} |"
             + "".join(f" {getattr(f, k) or '-'} |" for k, _ in extra)
             + f" {f.python} | {f.arch} | {f.cpu} | {f.gpu or '-'} |"
-            + (f" probe error: {f.error}" if f.error else "")
+            + (f" fingerprint error: {f.error}" if f.error else "")
         )
     return lines
 

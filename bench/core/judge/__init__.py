@@ -7,7 +7,7 @@ with (baseline), a cell over its repeats (cells), and every cell of a results fo
 judge, the one place findings and verdicts are made).
 """
 
-from bench.core.judge.baseline import Baseline, baseline_of, probe_key, reference_outputs, set_aside_probes
+from bench.core.judge.baseline import Baseline, baseline_of, reference_outputs, set_aside_key, set_aside_unconfirmed
 from bench.core.judge.cells import apply_cell_checks, divergence, exit_code, judge_cell, reference_drift
 from bench.core.judge.exit_scan import BENIGN_SHUTDOWN_NOISE, exit_time_episodes, is_benign, unexpected_exit_episodes
 from bench.core.judge.progress import RunMark, run_counts, run_mark
@@ -22,6 +22,6 @@ __all__ = [
     "BENIGN_SHUTDOWN_NOISE", "LOG_ONLY_REASONS", "Baseline", "Finding", "Reason", "RunMark", "apply_cell_checks",
     "baseline_of", "divergence", "exit_code", "exit_time_episodes", "is_benign", "judge", "judge_cell",
     "judge_reference", "judge_request", "judge_run", "judge_server", "judge_server_counters", "judge_twins",
-    "observed", "own_findings", "probe_key", "reference_drift", "reference_outputs", "run_counts", "run_findings",
-    "run_mark", "set_aside_probes", "stream_text_differs", "unexpected_exit_episodes",
+    "observed", "own_findings", "reference_drift", "reference_outputs", "run_counts", "run_findings",
+    "run_mark", "set_aside_key", "set_aside_unconfirmed", "stream_text_differs", "unexpected_exit_episodes",
 ]

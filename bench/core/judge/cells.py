@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 from bench.core.config import ReferenceText
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, EXIT_USAGE
-from bench.core.judge.baseline import Baseline, probe_notes, set_aside_probes
+from bench.core.judge.baseline import Baseline, set_aside_unconfirmed, unconfirmed_notes
 from bench.core.matrix import Cell
 from bench.core.perf import cell_perf
 from bench.core.records import (
@@ -88,17 +88,18 @@ def divergence(
     return out
 
 
-def reference_drift(runs: list[RunRecord], baseline_nll: float | None, probe: ReferenceText) -> list[tuple[int, Finding]]:
+def reference_drift(runs: list[RunRecord], baseline_nll: float | None,
+                    reference_text: ReferenceText) -> list[tuple[int, Finding]]:
     """(repeat, finding) for every run whose reference-text score rose beyond the tolerance over
     the baseline's."""
-    if baseline_nll is None or not probe.enabled:
+    if baseline_nll is None or not reference_text.enabled:
         return []
     out = []
     for r in runs:
         score = r.reference
-        if score is not None and score.mean_nll is not None and score.mean_nll - baseline_nll > probe.tolerance:
+        if score is not None and score.mean_nll is not None and score.mean_nll - baseline_nll > reference_text.tolerance:
             out.append((r.repeat, Finding(reason=Reason.REFERENCE_NLL, evidence=ReferenceLikelihood(
-                mean_nll=score.mean_nll, tokens=score.tokens, baseline_nll=baseline_nll, tolerance=probe.tolerance))))
+                mean_nll=score.mean_nll, tokens=score.tokens, baseline_nll=baseline_nll, tolerance=reference_text.tolerance))))
     return out
 
 
@@ -109,11 +110,12 @@ def judge_cell(
     own: dict[int, list[Finding]],
     baseline: Baseline | None,
     comparator: Comparator = EXACT,
-    probe: ReferenceText | None = None,
+    reference_text: ReferenceText | None = None,
 ) -> CellSummary:
     """A cell's verdict over its runs: `own`, each run's own findings by repeat (run_findings),
     with its divergence from the baseline, a knob's broken invariance and a reference score's
-    drift added, and the probe misses the baseline shares set aside."""
+    drift added, and set aside as unconfirmed: the misses the baseline shares, and the contract
+    probes the server refuses."""
     judged = sorted((r for r in runs if not r.interrupted), key=lambda r: r.repeat)
     per_run: dict[int, list[Finding]] = {r.repeat: list(own.get(r.repeat, [])) for r in judged}
     # In the workload's order within a run, not the order answers came back in (concurrency): the
@@ -121,12 +123,12 @@ def judge_cell(
     order = {p.id: i for i, p in enumerate(cell.workload.prompts)}
     judged_requests = sorted((q for q in requests if q.repeat in per_run),
                              key=lambda q: (q.repeat, order.get(q.prompt_id, len(order))))
-    positions, diverged = _against_baseline(cell, judged, judged_requests, per_run, baseline, comparator, probe)
+    positions, diverged = _against_baseline(cell, judged, judged_requests, per_run, baseline, comparator, reference_text)
     set_aside: dict[int, list[Finding]] = {}
     if cell.is_baseline or (cell.baseline_id is not None and baseline is not None):
         shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
         for repeat in per_run:
-            per_run[repeat], set_aside[repeat] = set_aside_probes(per_run[repeat], shared, knob=cell.knob is not None)
+            per_run[repeat], set_aside[repeat] = set_aside_unconfirmed(per_run[repeat], shared, knob=cell.knob is not None)
     pending = cell.baseline_id is not None and (baseline is None or not baseline.outputs)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
     # A run that could not be started on this host says nothing of vLLM: not a failing run.
@@ -151,8 +153,8 @@ def judge_cell(
         example=example.splitlines()[0][:200] if example else None,
         failure_rate_interval=wilson_interval(failures, counted) if counted else None,
         nondeterminism=_nondeterminism(judged_requests, clean, comparator),
-        unconfirmed_probes=probe_notes(set_aside, cell.is_baseline, cell.knob.name if cell.knob else None,
-                                       baseline.missed if baseline is not None else frozenset()),
+        unconfirmed=unconfirmed_notes(set_aside, cell.is_baseline, cell.knob.name if cell.knob else None,
+                                      baseline.missed if baseline is not None else frozenset()),
         comparator=comparator.name,
         knob=cell.knob.name if cell.knob else None,
         knob_changes=cell.knob.describe() if cell.knob else None,
@@ -169,7 +171,7 @@ def judge_cell(
 
 def _against_baseline(cell: Cell, judged: list[RunRecord], requests: list[RequestRecord],
                       per_run: dict[int, list[Finding]], baseline: Baseline | None, comparator: Comparator,
-                      probe: ReferenceText | None) -> tuple[list[int], dict[int, list[TokenDiff]]]:
+                      reference_text: ReferenceText | None) -> tuple[list[int], dict[int, list[TokenDiff]]]:
     """Adds to `per_run` each run's findings against the baseline (divergence, or a knob's broken
     invariance; an answer that ran on; a drifted reference score), and returns where the runs
     diverged: every position, and each run's differences."""
@@ -189,8 +191,8 @@ def _against_baseline(cell: Cell, judged: list[RunRecord], requests: list[Reques
         per_run[repeat].append(f)
         positions.append(pos)
         diverged.setdefault(repeat, []).append(TokenDiff(prompt_id=f.prompt_id, repeat=repeat, position=pos))
-    if probe is not None:
-        for repeat, f in reference_drift(judged, baseline.mean_nll, probe):
+    if reference_text is not None:
+        for repeat, f in reference_drift(judged, baseline.mean_nll, reference_text):
             per_run[repeat].append(f)
     return positions, diverged
 

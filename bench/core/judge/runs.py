@@ -30,7 +30,7 @@ from bench.core.verdicts import (
 
 def judge_run(
     outcome: ServerOutcome, requests: Iterable[RequestRecord], workload: Workload, shutdown_log: str, log_tail: str,
-    reference: ReferenceScore | None = None, probe: ReferenceText | None = None,
+    reference: ReferenceScore | None = None, reference_text: ReferenceText | None = None,
     metrics: ServerMetrics | None = None, comparator: Comparator = EXACT, tolerance: float = 0.05,
 ) -> list[Finding]:
     """One run's own findings, from what was observed of it (no baseline): every per-run rule."""
@@ -41,8 +41,8 @@ def judge_run(
         findings.extend(judge_request(req, workload))
     findings.extend(judge_twins(requests, workload, comparator, tolerance))
     findings.extend(judge_server_counters(metrics, requests))
-    if probe is not None:
-        findings.extend(judge_reference(reference, probe))
+    if reference_text is not None:
+        findings.extend(judge_reference(reference, reference_text))
     return findings
 
 

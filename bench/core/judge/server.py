@@ -50,9 +50,9 @@ def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> li
     return out
 
 
-def judge_reference(score: ReferenceScore | None, probe: ReferenceText) -> list[Finding]:
-    """The reference-text probe against its absolute ceiling (no baseline needed)."""
-    if score is None or not probe.enabled:
+def judge_reference(score: ReferenceScore | None, reference_text: ReferenceText) -> list[Finding]:
+    """A run's reference-text score against its absolute ceiling (no baseline needed)."""
+    if score is None or not reference_text.enabled:
         return []
 
     def finding(**extra) -> list[Finding]:
@@ -61,8 +61,8 @@ def judge_reference(score: ReferenceScore | None, probe: ReferenceText) -> list[
 
     if score.error is not None or score.mean_nll is None:
         return finding()
-    if probe.max_mean_nll is not None and score.mean_nll > probe.max_mean_nll:
-        return finding(max_mean_nll=probe.max_mean_nll)
+    if reference_text.max_mean_nll is not None and score.mean_nll > reference_text.max_mean_nll:
+        return finding(max_mean_nll=reference_text.max_mean_nll)
     return []
 
 
