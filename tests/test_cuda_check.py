@@ -16,7 +16,7 @@ import pytest
 from bench.core.verdicts import NOT_RUNNABLE
 from bench.serve.cuda_require import Driver, Truth, evaluate, requirements, unmet
 from bench.serve.fingerprint import host_driver
-from bench.serve.launch_docker import not_runnable, toolkit_refusal
+from bench.serve.images import not_runnable, toolkit_refusal
 
 STANDIN = Path(__file__).parent / "data" / "gpu-standin"
 REAL = Path(__file__).parent / "data" / "nvidia-require-cuda"

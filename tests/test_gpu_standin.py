@@ -19,7 +19,8 @@ from bench.core.judge import judge_server
 from bench.core.matrix import expand
 from bench.core.verdicts import Reason
 from bench.serve.errors import BootError
-from bench.serve.launch_docker import Container, DockerLauncher, container_env, not_runnable, run_options
+from bench.serve.images import not_runnable
+from bench.serve.launch_docker import Container, DockerLauncher, container_env, run_options
 from bench.serve.slots import SlotPool
 from bench.store.matrixfile import load_config
 

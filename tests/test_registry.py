@@ -30,7 +30,8 @@ import yaml
 from bench.core.matrix import expand
 from bench.core.records import Fingerprint, RunRecord, TokenDiff
 from bench.runner import pin_images, run_matrix
-from bench.serve.launch_docker import LABEL, DockerLauncher, ImageUnavailable, pin_of, repository
+from bench.serve.images import ImageUnavailable, pin_of, repository
+from bench.serve.launch_docker import LABEL, DockerLauncher
 from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir
 

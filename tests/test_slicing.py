@@ -90,7 +90,7 @@ def test_merge_refuses_what_is_not_slices_of_one_run(tmp_path):
 
 
 NIGHTLY = "vllm/vllm-openai:cu130-nightly"
-# Two builds of one tag, as the docker launcher records them (bench.serve.launch_docker.pin_of):
+# Two builds of one tag, as the docker launcher records them (bench.serve.images.pin_of):
 # the registry digest of the tag's repository is the pin, the image id is the engine's.
 BUILD_1 = dict(image_ref=NIGHTLY, image_pin="vllm/vllm-openai@sha256:" + "1" * 64,
                image_digest="vllm/vllm-openai@sha256:" + "1" * 64, image_id="sha256:" + "a" * 64)

@@ -7,7 +7,7 @@ that escapes is a bug and keeps its traceback.
     RegbenchError (2)
     ├── ConfigError           the matrix or a flag is wrong (bench.core.config)
     │   ├── HubError          a hub id that cannot be had (bench.weights.hub)
-    │   └── ImageUnavailable  an image that cannot be pulled (bench.serve.launch_docker)
+    │   └── ImageUnavailable  an image that cannot be pulled (bench.serve.images)
     ├── ResultsError          a results folder that cannot be read or continued (bench.store.results)
     │   ├── FolderBusy        another bench is writing it
     │   └── ResultsWriteError (3) a record could not be written: the run stopped

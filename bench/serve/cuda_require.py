@@ -18,7 +18,7 @@ regbench knows the driver's version and the newest CUDA it runs (nvidia-smi). It
 what only the toolkit sees, the GPU's brand and compute capability (`arch`), nor whether the
 image's compatibility libraries apply: a factor on those is UNKNOWN, and a requirement that only
 the toolkit can settle is left to it (the container is started; its refusal is reported in its
-own words, see launch_docker.toolkit_refusal). Only a requirement that fails whatever the
+own words, see images.toolkit_refusal). Only a requirement that fails whatever the
 unknowns are makes a cell not runnable before any container.
 """
 

@@ -1,7 +1,7 @@
 """Tags resolved to digests once, for every slice of a run (`regbench plan --format pins`).
 
 A tag such as a nightly's moves, and the slices of one run (CI jobs on several hosts, started at
-different times) each resolve it on their own (bench.serve.launch_docker.resolve): two slices can
+different times) each resolve it on their own (bench.serve.images.resolve): two slices can
 run two builds, and `regbench merge` refuses them. Asked once, the registry's answer for each tag,
 `REPO@sha256:…`, given to every slice as `--image NAME=REF`, makes them run one build. The
 registry is asked through the Docker engine (its distribution endpoint, with the client's
@@ -18,7 +18,7 @@ import requests.exceptions
 from docker.utils import parse_repository_tag
 
 from bench.core.config import Image
-from bench.serve.launch_docker import ImageUnavailable, not_here
+from bench.serve.images import ImageUnavailable, not_here
 
 
 def registry_pins(images: Iterable[Image], engine: Callable[[], docker.DockerClient]) -> tuple[dict[str, str], list[str]]:

@@ -35,8 +35,9 @@ from docker.models.containers import Container as DockerContainer
 
 from bench.core.config import Image
 from bench.serve.errors import StartError
+from bench.serve.images import ensure_image
 from bench.serve.launch import image_env
-from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, checkpoint_mounts, client, ensure_image, labels
+from bench.serve.launch_docker import OVERLAY_ROOT, DockerUnavailable, checkpoint_mounts, client, labels
 from bench.weights.errors import ReaderError
 from bench.weights.protocols import READER, TAIL_LINES, ReaderSpec
 from bench.weights.readers import register
