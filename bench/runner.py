@@ -167,7 +167,7 @@ def _server_for(cell: Cell, repeat: int, launcher: Launcher, run_dir: Path, stat
 
 def _serve(server: LaunchedServer, cell: Cell, repeat: int, results: ResultsDir, status: Callable[[str], None],
            stop: StopToken, seen: _Observed) -> None:
-    """The workload, the server's counters over it, then the reference probe, on a booted server."""
+    """The workload, the server's counters over it, then the reference text's score, on a booted server."""
     status(f"{cell.id} #{repeat}: serving")
     before = _scrape(server.base_url)
     t0 = time.monotonic()
@@ -177,12 +177,12 @@ def _serve(server: LaunchedServer, cell: Cell, repeat: int, results: ResultsDir,
         stop,
     ))
     seen.requests_s = time.monotonic() - t0
-    # Before the reference probe: the counters must cover the workload alone.
+    # Before the reference text is scored: the counters must cover the workload alone.
     seen.metrics = _counters(before, server.base_url)
-    probe = cell.reference_text
-    if probe.enabled:
+    reference_text = cell.reference_text
+    if reference_text.enabled:
         seen.reference = asyncio.run(_until_stopped(score_reference(
-            server.base_url, cell.model.served, probe.passage, cell.workload.request_timeout_s), stop))
+            server.base_url, cell.model.served, reference_text.passage, cell.workload.request_timeout_s), stop))
     status(f"{cell.id} #{repeat}: stopping")
 
 

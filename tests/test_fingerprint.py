@@ -14,7 +14,7 @@ from bench.serve.fingerprint import fingerprint
 from bench.serve.launch import image_env
 from bench.store.matrixfile import load_config
 
-from .support import ROOT, VLLM_PYTHON, needs_vllm, setup_missing
+from .support import ROOT, VLLM_PYTHON, needs_canary, needs_vllm, setup_missing
 
 PACKAGES = ("transformers", "flashinfer", "triton", "nccl", "modelopt", "cudnn")
 
@@ -32,7 +32,7 @@ def fake_torch(overlay, cuda: str | None, body: str) -> None:
     (overlay / "torch" / "version.py").write_text(f"from typing import Optional\ncuda: Optional[str] = {cuda!r}\n")
 
 
-def probe(tmp_path, overlay) -> Fingerprint:
+def fingerprint_in(tmp_path, overlay) -> Fingerprint:
     image = Image(name="img", python=sys.executable, pythonpath=[str(overlay)])
     return fingerprint(image, image_env(image, dict(os.environ)))
 
@@ -40,9 +40,9 @@ def probe(tmp_path, overlay) -> Fingerprint:
 def test_versions_come_from_inside_the_environment_overlay_first(tmp_path):
     overlay = tmp_path / "overlay"
     fake_dist(overlay, "runai-model-streamer", "0.16.0")
-    # A CUDA build of torch that cannot be imported: the probe still answers, NCCL and cuDNN None.
+    # A CUDA build of torch that cannot be imported: the script still answers, NCCL and cuDNN None.
     fake_torch(overlay, "12.8", "raise RuntimeError('a torch that cannot be imported')\n")
-    fp = probe(tmp_path, overlay)
+    fp = fingerprint_in(tmp_path, overlay)
     assert fp.error is None and (fp.nccl, fp.cudnn) == (None, None)
     assert (fp.runai_model_streamer, fp.torch, fp.cuda) == ("0.16.0", "2.13.0+cu128", "12.8")
     assert fp.python == ".".join(map(str, sys.version_info[:3]))
@@ -50,11 +50,11 @@ def test_versions_come_from_inside_the_environment_overlay_first(tmp_path):
 
 def test_a_cpu_torch_is_not_imported_and_what_is_absent_is_none(tmp_path):
     overlay = tmp_path / "overlay"
-    fake_torch(overlay, None, "raise RuntimeError('the probe must not import a CPU torch')\n")
-    fp = probe(tmp_path, overlay)
+    fake_torch(overlay, None, "raise RuntimeError('the fingerprint script must not import a CPU torch')\n")
+    fp = fingerprint_in(tmp_path, overlay)
     assert fp.error is None and fp.cuda is None and fp.torch == "2.13.0+cpu"
     assert (fp.nccl, fp.cudnn) == (None, None)
-    # whatever the test's own interpreter happens to have, the probe read it from package metadata
+    # whatever the test's own interpreter happens to have, the script read it from package metadata
     for field, dist in (("flashinfer", "flashinfer-python"), ("modelopt", "nvidia-modelopt")):
         try:
             expected: str | None = md.version(dist)
@@ -74,7 +74,7 @@ def test_the_fp8_nvfp4_packages_of_a_cuda_image(tmp_path):
         "import types",
         "cuda = types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: (2, 27, 3)))",
         "backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(version=lambda: 91002))", ""]))
-    fp = probe(tmp_path, overlay)
+    fp = fingerprint_in(tmp_path, overlay)
     assert fp.error is None
     assert {k: getattr(fp, k) for k in PACKAGES} == {
         "transformers": "4.57.1", "flashinfer": "0.5.2", "triton": "3.5.0", "nccl": "2.27.3",
@@ -91,14 +91,14 @@ def test_nccl_and_cudnn_fall_back_to_their_distributions_and_old_codes_are_read(
         "def broken():\n    raise RuntimeError('cuDNN not loadable')",
         "cuda = types.SimpleNamespace()",
         "backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(version=broken))", ""]))
-    fp = probe(tmp_path, overlay)
+    fp = fingerprint_in(tmp_path, overlay)
     assert fp.error is None and (fp.nccl, fp.cudnn) == ("2.28.7", "9.13.0.50")
     old = tmp_path / "old"
     fake_torch(old, "11.8", "\n".join([
         "import types",
         "cuda = types.SimpleNamespace(nccl=types.SimpleNamespace(version=lambda: 2708))",
         "backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(version=lambda: 8902))", ""]))
-    fp = probe(tmp_path, old)
+    fp = fingerprint_in(tmp_path, old)
     assert (fp.nccl, fp.cudnn) == ("2.7.8", "8.9.2")
 
 
@@ -122,8 +122,9 @@ def _cpu_image_missing() -> str | None:
     return None
 
 
-def test_the_probe_in_a_real_container_of_the_cpu_image():
-    """The launcher's own fingerprint path: the probe run by the image's python3 in a container."""
+@needs_canary  # the smoke matrix's model
+def test_the_fingerprint_in_a_real_container_of_the_cpu_image():
+    """The launcher's own fingerprint path: the script run by the image's python3 in a container."""
     why = _cpu_image_missing()
     if why:
         setup_missing(why)
@@ -140,7 +141,7 @@ def test_the_probe_in_a_real_container_of_the_cpu_image():
 def test_a_missing_interpreter_is_recorded_not_raised(tmp_path):
     image = Image(name="img", python=str(tmp_path / "nope"))
     fp = fingerprint(image, dict(os.environ))
-    assert fp.error and "probe failed" in fp.error and fp.vllm is None
+    assert fp.error and "fingerprint script failed" in fp.error and fp.vllm is None
 
 
 # ---- where the new fields are shown ------------------------------------------------------

@@ -65,7 +65,7 @@ _SECTIONS: list[Section] = [
             "the answer does not hold what the prompt's `expect` says a healthy model's answer holds "
             '(contains / regex / one of): no baseline needed, and it catches a model that lost part of its '
             'weights and talks fluently. Not counted when the baseline cell misses the same answer too and '
-            'nothing corroborates it (see "Absolute probes" below)'),
+            'nothing corroborates it (see "Absolute checks" below)'),
     ]),
     Section('Per run: requests of the same content', 'bench.core.judge.twins.judge_twins', [
         (Reason.INCONSISTENT_OUTPUT,
@@ -76,7 +76,7 @@ _SECTIONS: list[Section] = [
             'names both prompts and the first differing token; the same tokens told as other text count too '
             '(a detokenizer, or a stream that repeats the prompt), with both texts there'),
     ]),
-    Section('Per run: the reference-text probe', 'bench.core.judge.server.judge_reference', [
+    Section('Per run: the reference text', 'bench.core.judge.server.judge_reference', [
         (Reason.REFERENCE_NLL,
             "the server found the config's fixed passage unlikely: its mean negative log-likelihood per "
             'token is above the ceiling (`max_mean_nll`), or not a number, or could not be measured; or '

@@ -76,7 +76,7 @@ def gather(
 ) -> list[CellEvidence]:
     cells = {c.id: c for c in expand(config)}
     contrasts = {c.cell_id: c for c in contrast(summary.cells, fingerprints)}
-    prints = {f.image: f for f in fingerprints}  # the last probe of an image wins
+    prints = {f.image: f for f in fingerprints}  # an image's last fingerprint wins
     preflights: list[PreflightRecord] = summary.preflight
     healthy = _healthy_logs(results_path, summary, runs)
     healthy_facts = [log_facts(t) for t in healthy]

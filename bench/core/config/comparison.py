@@ -89,7 +89,7 @@ DEFAULT_PASSAGE = (
 
 
 class ReferenceText(Strict):
-    """The reference-text probe: after the workload, each run scores a fixed passage (its prompt
+    """The reference text: after the workload, each run scores a fixed passage (its prompt
     logprobs) as mean negative log-likelihood per token, in nats. A trained model scores a few
     nats on plain English (SmolLM2-135M: 3.1); one without its weights scores near ln(vocab)
     (10.8 for a 49,152-token vocabulary) or not a number at all. No baseline needed for the
@@ -101,7 +101,7 @@ class ReferenceText(Strict):
                          description="the text scored (default: a built-in paragraph of plain English)")
     # Far above any trained model on plain English, far below a model without weights. A random
     # test model (like the tiny canary) scores near ln(vocab) with or without its weights: turn
-    # the probe off for it.
+    # the reference text off for it.
     max_mean_nll: float | None = Field(
         default=6.0, gt=0,
         description="ceiling on the mean negative log-likelihood, nats per token, no baseline needed; "

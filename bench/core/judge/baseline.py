@@ -113,7 +113,7 @@ def set_aside_unconfirmed(findings: list[Finding], shared: frozenset[tuple[Reaso
     probes that the baseline shares (`shared`; None for the baseline cell itself, where every miss
     is shared) and nothing else in the run corroborates; in a knob's cell (`knob`), also every
     contract probe its server refuses.
-    The rule is documented in bench.core.verdicts."""
+    The rule is in this module's docstring."""
     def is_shared(f: Finding) -> bool:
         key = set_aside_key(f)
         return key is not None and (shared is None or key in shared)
