@@ -67,7 +67,7 @@ class FakeServer:
     """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, nulltext (ids
     and usage as ok, the text null), overlong (one token more than asked), http500, http503,
     badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
-    reference-text probe) is scored at `reference_logprob` per token."""
+    reference text) is scored at `reference_logprob` per token."""
 
     def __init__(self, mode: str = "ok", tokens: int = 128, port: int = 0, on_request=None,
                  reference_logprob: float = -3.0):

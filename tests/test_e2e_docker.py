@@ -174,7 +174,7 @@ def server_log(tmp_path: Path, run_id: str) -> Path:
 
 
 def server_container_running(engine, run_id: str) -> bool:
-    """The server's container, not the fingerprint probe's that runs before it."""
+    """The server's container, not the fingerprint script's that runs before it."""
     return any(c.status == "running" and c.name.startswith(f"regbench-{run_id}-") for c in containers_of(engine, run_id))
 
 
@@ -233,10 +233,10 @@ def test_clean_removes_the_container_of_a_killed_bench(tmp_path, engine, fault):
     assert left == []
 
 
-def test_logprobs_and_the_reference_probe_work_in_the_cpu_image(tmp_path, engine):
+def test_logprobs_and_the_reference_text_work_in_the_cpu_image(tmp_path, engine):
     # vLLM's CPU backend compiles a kernel (torch inductor, g++) at the first request that asks
-    # for logprobs: the image has a compiler, so the default comparison and the reference-text
-    # probe work in containers as they do locally.
+    # for logprobs: the image has a compiler, so the default comparison and the reference text
+    # work in containers as they do locally.
     config = one_cell(tmp_path)
     data = yaml.safe_load(config.read_text())
     data["comparison"] = {"mode": "logprobs"}

@@ -3,7 +3,7 @@ PYTHONPATH by tests about the bench's own handling (results writing, secrets in 
 about what vLLM does. It serves the tests' fake OpenAI wire server on the given port as a real
 process, prints the lines of FAKE_VLLM_PRINT ($NAME expanded from its environment), prints
 "request received" as each request arrives (tests wait for that line, never for a while), appends
-a line to FAKE_VLLM_COUNT per workload answer sent (the reference-text probe's is recorded with
+a line to FAKE_VLLM_COUNT per workload answer sent (the reference text's score is recorded with
 its run, not as a request), and exits 0 on SIGTERM like vLLM does."""
 
 import os
