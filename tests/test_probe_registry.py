@@ -31,6 +31,7 @@ ASKING: dict[str, dict] = {
     "json_schema": {"json_schema": {"enum": ["a"]}},
     "top_logprobs": {"top_logprobs": 3},
     "sampling": {"sampling": {"temperature": 1.0, "seed": 1}},
+    "finish_reason": {},  # every answer: no field asks for it
 }
 
 
@@ -100,13 +101,14 @@ def test_a_prompt_that_asks_for_a_probe_is_seen_asking_and_sent_with_it(probe: C
     prompt = _prompt(probe.name)
     assert probe.asked(prompt)
     plain = Workload(prompts=[{"id": "q", "prompt": "hello"}]).prompts[0]
-    assert not probe.asked(plain)
+    assert probe.asked(plain) == (not probe.fields.model_fields)  # a probe without fields holds every answer
     assert (probe.name in prompt.probes()) == probe.optional_feature
     workload = Workload(prompts=[prompt])
     body, without = request_body(prompt, workload, "m", None), request_body(plain, workload, "m", None)
     sent = {k: v for k, v in body.items() if without.get(k) != v}
     # What the probe asks for reaches the server (a token-id prompt's ids are the core's).
-    assert sent.keys() - {"prompt", "messages", "min_tokens"} or probe.name == "decodes_to", sent
+    asks = probe.fields.model_fields.keys() - {"decodes_to"}  # a token-id prompt's ids are the core's
+    assert bool(sent.keys() - {"prompt", "messages", "min_tokens"}) == bool(asks), sent
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=IDS)

@@ -31,6 +31,18 @@ class ToolCall(Record):
     arguments: str = ""
 
 
+class Choice(Record):
+    """One choice of an answer beyond the first (a prompt's `n`), recorded whole: each is held to
+    the request as the first is."""
+
+    index: int
+    text: str | None = None
+    token_ids: list[int] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
 class RequestRecord(Record):
     """One request as the client saw it. A failed request is a record with an error, not a raise."""
 
@@ -50,11 +62,17 @@ class RequestRecord(Record):
     finish_reason: str | None = None
     # vLLM's stop_reason: the stop string or stop token id that ended the answer (None: EOS or length).
     stop_reason: str | int | None = None
+    # The server's context length (its /v1/models), which caps an answer's tokens with the prompt's;
+    # None where it did not say, and in records written before it was asked.
+    max_model_len: int | None = None
     # Token ids received per choice, one entry per choice that came back (a prompt's `n`; the first
     # choice is the one recorded above). None in records written before choices were counted.
     choice_tokens: list[int] | None = None
     # The first choice's tool calls, for a prompt with `tools` ([]: none came back); None otherwise.
     tool_calls: list[ToolCall] | None = None
+    # The choices after the first, in index order, each whole (n > 1); None with one choice, and in
+    # records written before they were kept.
+    choices: list[Choice] | None = None
     # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
@@ -70,6 +88,16 @@ class RequestRecord(Record):
             return None
         ended = None if self.finish_reason is None else self.finish_reason == "stop"
         return Output(ids=self.token_ids, logprobs=self.logprobs, ended=ended)
+
+    def answers(self) -> list[tuple[int, RequestRecord]]:
+        """Each choice as an answer of its own, with its index: the first is this record; a later
+        one carries its own text, ids, finish and tool calls, and counts its ids as its usage (the
+        usage of all of them is the first's to hold)."""
+        later = [(c.index, self.model_copy(update={
+            "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+            "tool_calls": c.tool_calls, "completion_tokens": len(c.token_ids) if c.token_ids is not None else None,
+            "choice_tokens": None, "choices": None, "logprobs": None})) for c in self.choices or []]
+        return [(0, self), *later]
 
     @property
     def tokens_per_s(self) -> float | None:

@@ -44,6 +44,7 @@ class Reason(StrEnum):
     SCHEMA_VIOLATED = "schema_violated"
     PROMPT_REPEATED = "prompt_repeated"
     TOOL_CALL_INVALID = "tool_call_invalid"
+    FINISH_REASON_MISMATCH = "finish_reason_mismatch"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -284,6 +285,22 @@ class ToolCallMiss(_Evidence):
         return f"tool_choice {self.tool_choice}: {self.problem} ({how}finish_reason {self.finish_reason}){call}"
 
 
+class FinishReasonWrong(_Evidence):
+    """finish_reason_mismatch."""
+
+    kind: Literal["finish_reason"] = "finish_reason"
+    problem: str  # what the finish_reason says that did not happen, in words
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    tokens: int | None  # the choice's completion tokens (its ids where they came back)
+    max_tokens: int
+
+    def text(self) -> str:
+        stop = f", stop_reason {self.stop_reason!r}" if self.stop_reason is not None else ""
+        return (f"finish_reason {self.finish_reason}{stop} after {self.tokens} of max_tokens {self.max_tokens} "
+                f"tokens: {self.problem}")
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -456,7 +473,8 @@ class Note(_Evidence):
 Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken
     | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch
-    | StopPassed | PromptRepeated | ToolCallMiss | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
+    | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK
+    | RanOn | Note,
     Field(discriminator="kind"),
 ]
 
@@ -467,6 +485,9 @@ class Finding(BaseModel):
     reason: Reason
     evidence: Evidence
     prompt_id: str | None = None
+    # The choice of an answer with n > 1 that it is about, past the first; None: the first choice,
+    # or the answer as a whole.
+    choice: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -481,6 +502,8 @@ class Finding(BaseModel):
     def detail(self) -> str:
         """The human text, derived from the evidence."""
         text = self.evidence.text()
+        if self.choice is not None:
+            text = f"choice {self.choice}: {text}"
         return f"{self.prompt_id}: {text}" if self.prompt_id and isinstance(self.evidence, _PROMPT_PREFIXED) else text
 
 

@@ -19,7 +19,7 @@ import httpx
 import openai
 
 from bench.core.config import Prompt, Workload
-from bench.core.records import ErrorKind, ReferenceScore, RequestRecord, ToolCall
+from bench.core.records import Choice, ErrorKind, ReferenceScore, RequestRecord, ToolCall
 from bench.core.request import request_body, sdk_arguments
 from bench.core.tokens import TokenLogprobs
 
@@ -82,23 +82,16 @@ class ProtocolError(Exception):
     """A 2xx answer that breaks the API's promises."""
 
 
-class _Result:
-    """Accumulates one answer, whether it arrived whole or in chunks."""
+class _Choice:
+    """One choice of an answer as it arrives, whole or in deltas."""
 
-    def __init__(self, t0: float = 0.0) -> None:
-        self.t0 = t0  # perf_counter() when the request was sent
-        self.token_times: list[float] = []  # streamed: perf_counter() of each chunk that carried tokens
+    def __init__(self) -> None:
         self.text: list[str] = []
+        self.text_given = False
         self.token_ids: list[int] | None = None
         self.finish_reason: str | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.logprobs: list[TokenLogprobs] | None = None
-        self.choices_seen = False
-        self.text_given = False
-        self.choice_ids: dict[int, int] = {}  # token ids received per choice (n > 1)
         self.stop_reason: str | int | None = None
-        self.tool_calls: dict[int, ToolCall] = {}  # the first choice's, by their index
+        self.tool_calls: dict[int, ToolCall] = {}  # by their index
 
     def add_tool_calls(self, calls: Any, streamed: bool) -> None:
         """Whole calls, or a stream's deltas: a name first, then the arguments in pieces."""
@@ -112,12 +105,8 @@ class _Result:
                 got.name = (got.name or "") + function.name if streamed else function.name
             got.arguments += function.arguments or ""
 
-    def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
-        self.choices_seen = True
-        index = getattr(choice, "index", 0) or 0
-        self.choice_ids[index] = self.choice_ids.get(index, 0) + len(_token_ids(choice) or [])
-        if index != 0:
-            return  # with n > 1 the first choice is the one judged; the others are counted
+    def add(self, choice: Any, chat: bool, streamed: bool) -> str | None:
+        """Adds a choice or a delta of it; returns its text part."""
         if chat:
             message = choice.delta if streamed else choice.message
             part = message.content
@@ -125,13 +114,53 @@ class _Result:
         else:
             part = choice.text
         self.text.append(part or "")
-        # null on every choice is not "": the API left the text out (empty_text says which).
+        # null on every delta is not "": the API left the text out (empty_text says which).
         self.text_given = self.text_given or part is not None
         ids = _token_ids(choice)
-        if streamed and (ids or part):
-            self.token_times.append(time.perf_counter())
         if ids is not None:
             self.token_ids = (self.token_ids or []) + ids
+        if choice.finish_reason is not None:
+            self.finish_reason = choice.finish_reason
+            # vLLM's extra field: the stop string or stop token id that ended the answer.
+            reason = (getattr(choice, "model_extra", None) or {}).get("stop_reason")
+            self.stop_reason = reason if isinstance(reason, str | int) else None
+        return part
+
+    def calls(self) -> list[ToolCall]:
+        return [self.tool_calls[i] for i in sorted(self.tool_calls)]
+
+    def record(self, index: int, tools: bool) -> Choice:
+        return Choice(index=index, text="".join(self.text) if self.text_given else None, token_ids=self.token_ids,
+                      finish_reason=self.finish_reason, stop_reason=self.stop_reason,
+                      tool_calls=self.calls() if tools else None)
+
+
+class _Result:
+    """Accumulates one answer, whether it arrived whole or in chunks: every choice, each whole."""
+
+    def __init__(self, t0: float = 0.0) -> None:
+        self.t0 = t0  # perf_counter() when the request was sent
+        self.token_times: list[float] = []  # streamed: perf_counter() of each chunk that carried tokens
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.logprobs: list[TokenLogprobs] | None = None  # the first choice's
+        self.choices_seen = False
+        self.choices: dict[int, _Choice] = {}
+        self.choice_ids: dict[int, int] = {}  # token ids received per choice
+
+    @property
+    def first(self) -> _Choice:
+        return self.choices.setdefault(0, _Choice())
+
+    def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
+        self.choices_seen = True
+        index = getattr(choice, "index", 0) or 0
+        self.choice_ids[index] = self.choice_ids.get(index, 0) + len(_token_ids(choice) or [])
+        part = self.choices.setdefault(index, _Choice()).add(choice, chat, streamed)
+        if index != 0:
+            return  # timings and logprobs are the first choice's
+        if streamed and (_token_ids(choice) or part):
+            self.token_times.append(time.perf_counter())
         if getattr(choice, "logprobs", None) is not None:
             if chat:
                 got = _chat_logprobs(choice.logprobs)
@@ -139,11 +168,12 @@ class _Result:
                 # A streamed completion chunk carries one token, so its text is that token's.
                 got = _completion_logprobs(choice.logprobs, [part or ""] if streamed else None)
             self.logprobs = (self.logprobs or []) + got
-        if choice.finish_reason is not None:
-            self.finish_reason = choice.finish_reason
-            # vLLM's extra field: the stop string or stop token id that ended the answer.
-            reason = (getattr(choice, "model_extra", None) or {}).get("stop_reason")
-            self.stop_reason = reason if isinstance(reason, str | int) else None
+
+    def later(self, tools: bool) -> list[Choice] | None:
+        """The choices after the first, whole; None when only one came back."""
+        if len(self.choices) < 2:
+            return None
+        return [self.choices[i].record(i, tools) for i in sorted(self.choices) if i != 0]
 
     def timings(self) -> dict[str, Any]:
         """Time to first token and the gaps between token-carrying chunks (vLLM streams one token a
@@ -185,8 +215,9 @@ async def _send(
     # A stream cut short parses fine chunk by chunk; only its missing end gives it away.
     if not result.choices_seen:
         raise ProtocolError("the response had no choices")
-    if result.finish_reason is None:
-        raise ProtocolError(f"the response ended without a finish_reason after {len(''.join(result.text))} characters")
+    if result.first.finish_reason is None:
+        raise ProtocolError(
+            f"the response ended without a finish_reason after {len(''.join(result.first.text))} characters")
     if result.completion_tokens is None:
         raise ProtocolError("the response carried no usage")
     if top_k is not None and result.logprobs is None:
@@ -218,6 +249,18 @@ async def score_reference(
         return ReferenceScore(error=f"{type(exc).__name__}: {exc}"[:2000])
 
 
+async def _context_length(client: openai.AsyncOpenAI, model: str, timeout_s: float) -> int | None:
+    """The served model's context length as its /v1/models entry says it (vLLM's `max_model_len`),
+    which caps an answer's tokens with its prompt's; None where the server does not say."""
+    try:
+        page = await asyncio.wait_for(client.models.list(), timeout_s)
+        entry = next((m for m in page.data if m.id == model), None)
+        value = (entry.model_extra or {}).get("max_model_len") if entry is not None else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    except Exception:
+        return None
+
+
 def _client(base_url: str, timeout_s: float) -> openai.AsyncOpenAI:
     # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
     timeout = openai.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
@@ -239,6 +282,7 @@ async def run_workload(
     semaphore = asyncio.Semaphore(workload.concurrency)
 
     async with _client(base_url, workload.request_timeout_s) as client:
+        context = await _context_length(client, model, workload.request_timeout_s)
 
         async def one(prompt: Prompt) -> RequestRecord:
             async with semaphore:
@@ -250,13 +294,13 @@ async def run_workload(
                     r = await asyncio.wait_for(
                         _send(client, model, prompt, workload, top_k, t0), workload.request_timeout_s
                     )
+                    first, tools = r.first.record(0, prompt.tools is not None), prompt.tools is not None
                     fields = dict(
-                        status=200, text="".join(r.text) if r.text_given else None, token_ids=r.token_ids,
-                        prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                        finish_reason=r.finish_reason, stop_reason=r.stop_reason,
-                        choice_tokens=[r.choice_ids[i] for i in sorted(r.choice_ids)],
-                        logprobs=r.logprobs, **r.timings(),
-                        tool_calls=None if prompt.tools is None else [r.tool_calls[i] for i in sorted(r.tool_calls)],
+                        status=200, text=first.text, token_ids=first.token_ids, prompt_tokens=r.prompt_tokens,
+                        completion_tokens=r.completion_tokens, finish_reason=first.finish_reason,
+                        stop_reason=first.stop_reason, choice_tokens=[r.choice_ids[i] for i in sorted(r.choice_ids)],
+                        logprobs=r.logprobs, **r.timings(), tool_calls=first.tool_calls, choices=r.later(tools),
+                        max_model_len=context,
                     )
                 except Exception as exc:
                     kind, status = _classify(exc)

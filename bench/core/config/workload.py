@@ -12,6 +12,7 @@ from pydantic import (
 
 from bench.core.probes import PROBES
 from bench.core.probes.choices import ChoicesFields
+from bench.core.probes.finish_reason import FinishReasonFields
 from bench.core.probes.logit_bias import LogitBiasFields
 from bench.core.probes.prompt_repeated import DecodesToFields
 from bench.core.probes.sampling import SamplingFields
@@ -99,7 +100,7 @@ class PromptCore(Strict):
 
 
 class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, LogitBiasFields, StopFields,
-             DecodesToFields, SamplingFields, PromptCore):
+             DecodesToFields, SamplingFields, FinishReasonFields, PromptCore):
     """One request of the workload. The keys after `stop_token_ids` ask for contract probes
     (docs/judged.md, "Contract probes"), each key declared by its probe's module in
     bench/core/probes/."""

@@ -38,20 +38,26 @@ DEGENERATE_MIN_TOKENS = 8
 
 
 def judge_request(req: RequestRecord, workload: Workload) -> list[Finding]:
-    """Every finding of one answer: what every answer owes, then its contract probes'."""
+    """Every finding of one answer: what every answer owes, then its contract probes', for each
+    of its choices (n > 1), each held to the request as the first."""
     prompt = next((p for p in workload.prompts if p.id == req.prompt_id), None)
     if req.error_kind is not None:
         return [_failed(req, prompt)]
     shape = prompt.request(workload) if prompt is not None else \
         RequestShape(min_tokens=workload.min_tokens, max_tokens=workload.max_tokens, ignore_eos=workload.ignore_eos)
-    exempt = frozenset().union(*(p.exempts(req, prompt) for p in PROBES))
-    found = [*_lengths(req, shape, exempt), *_told_as_generated(req, exempt)]
-    text = req.text or ""
-    if prompt is not None and prompt.expect is not None and not prompt.expect.holds(text):
-        found.append((Reason.EXPECTATION_FAILED, ExpectationMissed(expected=prompt.expect.describe(), answer=text[:200])))
-    if prompt is not None:
-        found += [(probe.reason, evidence) for probe in PROBES for evidence in probe.check(req, prompt)]
-    return [Finding(reason=reason, evidence=evidence, prompt_id=req.prompt_id) for reason, evidence in found]
+    out: list[Finding] = []
+    for index, answer in req.answers():
+        exempt = frozenset().union(*(p.exempts(answer, prompt) for p in PROBES))
+        found = [*_lengths(answer, shape, exempt), *_told_as_generated(answer, exempt)]
+        text = answer.text or ""
+        if index == 0 and prompt is not None and prompt.expect is not None and not prompt.expect.holds(text):
+            found.append((Reason.EXPECTATION_FAILED, ExpectationMissed(expected=prompt.expect.describe(),
+                                                                       answer=text[:200])))
+        if prompt is not None:
+            found += [(probe.reason, evidence) for probe in PROBES for evidence in probe.check(answer, prompt, shape)]
+        out += [Finding(reason=reason, evidence=evidence, prompt_id=req.prompt_id, choice=index or None)
+                for reason, evidence in found]
+    return out
 
 
 def _failed(req: RequestRecord, prompt: Prompt | None) -> Finding:

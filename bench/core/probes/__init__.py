@@ -21,12 +21,14 @@ from bench.core.probes import choices
 from bench.core.probes import schema
 from bench.core.probes import top_logprobs
 from bench.core.probes import sampling
+from bench.core.probes import finish_reason
 # isort: on
 
 __all__ = [
            "PROBES",
            "ContractProbe",
            "choices",
+           "finish_reason",
            "logit_bias",
            "prompt_repeated",
            "register",

@@ -80,8 +80,9 @@ class ContractProbe:
         """What it adds to what an answer told its client, beyond its text (twins compare it)."""
         return ""
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> Sequence[BaseModel]:
-        """The evidence that an answer broke the promise, once per breach; none when it kept it."""
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> Sequence[BaseModel]:
+        """The evidence that an answer broke the promise, once per breach; none when it kept it.
+        `shape`: the token limits its request was sent with."""
         return []
 
     def judges_twins(self, prompt: Prompt, other: Prompt) -> bool:

@@ -11,7 +11,7 @@ from bench.core.schema import Strict
 from bench.core.verdicts import ChoiceCount, Reason
 
 if TYPE_CHECKING:
-    from bench.core.config import Prompt, Workload
+    from bench.core.config import Prompt, RequestShape, Workload
     from bench.core.records import RequestRecord
 
 
@@ -42,7 +42,7 @@ class Choices(ContractProbe):
         if prompt.n > 1:
             body["n"] = prompt.n
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> list[ChoiceCount]:
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[ChoiceCount]:
         if req.choice_tokens is not None and len(req.choice_tokens) != prompt.n:
             return [ChoiceCount(asked=prompt.n, got=len(req.choice_tokens))]
         return []

@@ -11,7 +11,7 @@ from bench.core.schema import Strict
 from bench.core.verdicts import BannedToken, Reason
 
 if TYPE_CHECKING:
-    from bench.core.config import Prompt
+    from bench.core.config import Prompt, RequestShape
     from bench.core.records import RequestRecord
 
 # logit_bias is added to a logit; OpenAI documents -100 as "effectively bans the token".
@@ -46,7 +46,7 @@ class LogitBias(ContractProbe):
         if prompt.logit_bias:
             body["logit_bias"] = {str(k): v for k, v in prompt.logit_bias.items()}
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> list[BannedToken]:
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[BannedToken]:
         ids = req.token_ids or []
         return [BannedToken(token=token, position=ids.index(token), count=ids.count(token), bias=bias)
                 for token, bias in (prompt.logit_bias or {}).items() if bias <= BAN and token in ids]

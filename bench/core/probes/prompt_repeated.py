@@ -12,7 +12,7 @@ from bench.core.schema import Strict
 from bench.core.verdicts import PromptRepeated, Reason
 
 if TYPE_CHECKING:
-    from bench.core.config import Prompt
+    from bench.core.config import Prompt, RequestShape
     from bench.core.records import RequestRecord
 
 
@@ -45,7 +45,7 @@ class DecodesTo(ContractProbe):
             return "`decodes_to` is the text of `prompt_ids`: give both"
         return None
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> list[PromptRepeated]:
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[PromptRepeated]:
         text = req.text or ""
         if prompt.decodes_to is None or not text.startswith(prompt.decodes_to):
             return []

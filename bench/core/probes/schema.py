@@ -13,7 +13,7 @@ from bench.core.schema import Strict
 from bench.core.verdicts import Reason, SchemaMiss
 
 if TYPE_CHECKING:
-    from bench.core.config import Prompt
+    from bench.core.config import Prompt, RequestShape
     from bench.core.records import RequestRecord
 
 
@@ -67,7 +67,7 @@ class Schema(ContractProbe):
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": prompt.id.replace(".", "_"), "schema": prompt.json_schema}}
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> list[SchemaMiss]:
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[SchemaMiss]:
         if prompt.json_schema is None:
             return []
         text = req.text or ""

@@ -59,7 +59,7 @@ class Stop(ContractProbe):
             return frozenset({Reason.EMPTY_TEXT})
         return frozenset()
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> list[StopPassed]:
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[StopPassed]:
         text = req.text or ""
         found = [(text.find(s), s) for s in prompt.stop or [] if s in text]
         if not found:

@@ -15,7 +15,7 @@ from bench.core.schema import Strict
 from bench.core.verdicts import Reason, ToolCallMiss
 
 if TYPE_CHECKING:
-    from bench.core.config import Prompt
+    from bench.core.config import Prompt, RequestShape
     from bench.core.records import RequestRecord, ToolCall
 
 
@@ -121,7 +121,7 @@ class Tools(ContractProbe):
     def told(self, req: RequestRecord) -> str:
         return "".join(f"<call {c.name}: {_arguments(c.arguments)}>" for c in req.tool_calls or [])
 
-    def check(self, req: RequestRecord, prompt: Prompt) -> list[ToolCallMiss]:
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[ToolCallMiss]:
         if prompt.tools is None or (problem := _tool_call_problem(req, prompt)) is None:
             return []
         what, call = problem

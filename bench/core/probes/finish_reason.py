@@ -1,0 +1,61 @@
+"""finish_reason as what happened: `length` only where the answer reached its max_tokens (or the
+server's context), `tool_calls` only with a call, a stop string named only if the request gave
+it (`finish_reason_mismatch`). It holds for every answer: no prompt field asks for it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bench.core.probes.base import ContractProbe, register
+from bench.core.schema import Strict
+from bench.core.verdicts import FinishReasonWrong, Reason
+
+if TYPE_CHECKING:
+    from bench.core.config import Prompt, RequestShape
+    from bench.core.records import RequestRecord
+
+
+class FinishReasonFields(Strict):
+    """No field: every answer has a finish_reason to hold to what happened."""
+
+
+@register
+class FinishReason(ContractProbe):
+    name = "finish_reason"
+    fields = FinishReasonFields
+    reason = Reason.FINISH_REASON_MISMATCH
+    evidence = FinishReasonWrong
+    signature = "finish-reason-wrong"
+    description = ("an answer's finish_reason says what did not happen: `length` before the answer reached its "
+                   "max_tokens (or the server's context, `max_model_len` less the prompt), `tool_calls` without a "
+                   "call (vllm#53255), or `stop` naming a stop string the request did not give. Judged for every "
+                   "choice of an answer; the evidence has both reasons, the tokens and the limit")
+    optional_feature = False  # every server says why an answer ended
+
+    def asked(self, prompt: Prompt) -> bool:
+        return True
+
+    def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[FinishReasonWrong]:
+        tokens = _tokens(req)
+        limit = shape.max_tokens
+        if req.max_model_len is not None and req.prompt_tokens is not None:
+            limit = min(limit, req.max_model_len - req.prompt_tokens)
+        problem = None
+        if req.finish_reason == "length" and tokens is not None and req.max_model_len is not None and tokens < limit:
+            problem = "`length`, but the answer is shorter than its limit"
+        elif req.finish_reason == "tool_calls" and not req.tool_calls:
+            problem = "`tool_calls`, but no tool call came back"
+        elif req.finish_reason == "stop" and isinstance(req.stop_reason, str) and req.stop_reason not in (prompt.stop or []):
+            problem = "`stop` on a stop string the request did not give"
+        if problem is None:
+            return []
+        return [FinishReasonWrong(problem=problem, finish_reason=req.finish_reason, stop_reason=req.stop_reason,
+                                  tokens=tokens, max_tokens=limit)]
+
+
+def _tokens(req: RequestRecord) -> int | None:
+    """The answer's own completion tokens: its ids where they came back; its usage only where it
+    is the one choice (usage counts every choice's)."""
+    if req.token_ids is not None:
+        return len(req.token_ids)
+    return req.completion_tokens if not req.choice_tokens or len(req.choice_tokens) == 1 else None
