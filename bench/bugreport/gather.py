@@ -170,7 +170,7 @@ def _failing_cell(summary: Summary, cell_id: str, path: Path) -> CellSummary:
 
 
 def _fingerprint(fingerprints: list[Fingerprint], cell: Cell) -> Fingerprint | None:
-    """The cell's image's fingerprint: the last probe of an image wins, as in the diagnosis."""
+    """The cell's image's fingerprint: the last fingerprint of an image wins, as in the diagnosis."""
     fingerprint = None
     for f in fingerprints:
         if f.image == matrix_image(cell.image.name):

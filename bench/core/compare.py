@@ -180,7 +180,7 @@ def _cell_change(
 
 
 def _fingerprint_changes(a: Side, b: Side, pairs: list[tuple[str, str]]) -> list[FingerprintChange]:
-    # The last line per image wins: a re-probe supersedes an earlier one.
+    # The last line per image wins: a later fingerprint supersedes an earlier one.
     fa = {f.image: f for f in a.fingerprints}
     fb = {f.image: f for f in b.fingerprints}
     fields = [f for f in Fingerprint.model_fields if f != "image"]

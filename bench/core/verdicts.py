@@ -438,7 +438,7 @@ class ReferenceLikelihood(_Evidence):
 
     def text(self) -> str:
         if self.error is not None:
-            return f"reference-text probe failed: {self.error}"
+            return f"reference text not scored: {self.error}"
         if self.mean_nll is None:
             return f"reference text: a prompt logprob of its {self.tokens} tokens is not a number"
         score = f"reference text: mean NLL {self.mean_nll:.3f} nats/token"

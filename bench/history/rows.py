@@ -121,7 +121,7 @@ def entry_of(summary: Summary, diagnosis: Diagnosis, fingerprints: list[Fingerpr
         knob=c.knob, verdict=c.verdict, failures=c.failures, runs=c.runs, interval=c.failure_rate_interval,
         reasons={str(r): n for r, n in sorted(c.reasons.items())}, signature=first_match.get(c.cell_id),
     ) for c in summary.cells]
-    # An image probed twice (a resumed run) keeps its last probe, as the reports do.
+    # An image fingerprinted twice (a resumed run) keeps its last fingerprint, as the reports do.
     prints = {f.image: f for f in fingerprints}
     stored_prints = [StoredFingerprint(run_id=run_id, image=image, **{k: getattr(f, k) for k in FINGERPRINT_FIELDS})
                      for image, f in sorted(prints.items())]

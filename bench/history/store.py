@@ -451,7 +451,7 @@ def _being_written(path: Path) -> bool:
     except OSError as exc:
         return exc.errno in (errno.EWOULDBLOCK, errno.EACCES)
     finally:
-        os.close(fd)  # releases the probe's lock, if it got it
+        os.close(fd)  # releases the lock the test took, if it got it
 
 
 def write_page(path: Path, page: str) -> None:

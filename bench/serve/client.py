@@ -228,7 +228,7 @@ async def _send(
 async def score_reference(
     base_url: str, model: str, passage: str, timeout_s: float,
 ) -> ReferenceScore:
-    """The reference-text probe: the passage's own tokens scored by the server (completions with
+    """The reference text's score: the passage's own tokens scored by the server (completions with
     `echo` and `logprobs`), as mean negative log-likelihood per token. Never raises."""
     try:
         async with _client(base_url, timeout_s) as c:

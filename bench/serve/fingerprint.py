@@ -159,9 +159,3 @@ def fingerprint(image: Image, env: dict[str, str]) -> Fingerprint:
     if proc.returncode != 0:
         return Fingerprint(**host, error=f"fingerprint script exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return parse_fingerprint(proc.stdout, host)
-
-
-# The names before issue #45 ("probe" is a contract probe's word now), for bench/serve/launch_docker.py
-# until it imports the ones above; remove both then.
-PROBE = FINGERPRINT_SCRIPT
-parse_probe = parse_fingerprint

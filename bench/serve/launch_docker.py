@@ -46,7 +46,7 @@ from bench.core.redact import Redactor, redactor_for
 from bench.core.stop import StopToken
 from bench.serve.cuda_require import Driver
 from bench.serve.errors import LauncherUnavailable, NotRunnable, StartError
-from bench.serve.fingerprint import PROBE, host_cpu, host_cpu_flags, host_driver, host_gpu, parse_probe
+from bench.serve.fingerprint import FINGERPRINT_SCRIPT, host_cpu, host_cpu_flags, host_driver, host_gpu, parse_fingerprint
 from bench.serve.images import ImageNotHere, ImageUnavailable, Resolved, not_runnable, resolve, toolkit_refusal
 from bench.serve.launch import OVERLAY_ROOT, device_env, knob_not_runnable, serve_args, server_env
 from bench.serve.launchers import register
@@ -466,7 +466,7 @@ class DockerLauncher:
                       devices=devices, stop=stop)
 
     def fingerprint(self, image: Image) -> Fingerprint:
-        """The probe run inside the image, with the image's overlay; a failure is recorded."""
+        """The fingerprint script run inside the image, with the image's overlay; a failure is recorded."""
         host = dict(image=image.name, cpu=host_cpu(), gpu=host_gpu())
         container = None
         try:
@@ -483,15 +483,15 @@ class DockerLauncher:
                 env["PYTHONPATH"] = ":".join(f"{OVERLAY_ROOT}/{i}" for i in range(len(image.pythonpath)))
             volumes = {p: {"bind": f"{OVERLAY_ROOT}/{i}", "mode": "ro"} for i, p in enumerate(image.pythonpath)}
             container = self.docker.containers.create(
-                r.pin, entrypoint=["python3", "-c", PROBE], environment=env, volumes=volumes,
+                r.pin, entrypoint=["python3", "-c", FINGERPRINT_SCRIPT], environment=env, volumes=volumes,
                 network_mode="host", labels=labels(self.run_id, f"fingerprint-{image.name}", None),
             )
             container.start()
             container.wait(timeout=120)
             out = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-            return parse_probe(out, host)
+            return parse_fingerprint(out, host)
         except (ImageUnavailable, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            return Fingerprint(**host, error=f"probe failed: {exc}")
+            return Fingerprint(**host, error=f"fingerprint script failed: {exc}")
         finally:
             if container is not None:
                 try:

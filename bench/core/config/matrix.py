@@ -51,7 +51,7 @@ class Config(Strict):
                                   "a rule over the axes")  # in YAML also a load format's name alone
     comparison: Comparison = Field(default=Comparison(), description="how outputs are compared for divergence and "
                                                                      "nondeterminism")
-    reference_text: ReferenceText = Field(default=ReferenceText(), description="the reference-text probe")
+    reference_text: ReferenceText = Field(default=ReferenceText(), description="the reference text each run scores")
     include: list[CellFilter] = Field(default=[], description="only the cells matching one of these filters")
     exclude: list[CellFilter] = Field(default=[], description="not the cells matching one of these filters")
     workload: Workload = Field(description="what each run sends")
