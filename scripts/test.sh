@@ -4,7 +4,11 @@
 # detection table against docs/faults.md's (scripts/fault_table.py, scripts/false_alarm_table.py,
 # scripts/detection_table.py).
 #
-# Two tiers:
+# Three tiers:
+#   scripts/test.sh --fast   the inner loop: the lint gate and the tests that boot no vLLM
+#                            (-m "not slow", two workers), with nothing set up but the bench's
+#                            venv (made by scripts/setup-bench.sh if missing); a test that needs
+#                            more of the set-up is skipped, naming the command that makes it
 #   scripts/test.sh          the landing tier (what .ci/run calls): every feature exercised on real
 #                            vLLM at least once; the big tables' recorded ledgers (docs/data/) are
 #                            checked, not measured again
@@ -14,15 +18,21 @@
 #                            the scenarios that repeat a landing test's mechanism at more boots
 #                            (tests/conftest.py lists them); records their ledgers in docs/data/
 #                            and writes the tables
-# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow"` for the fast tier.
+# Extra arguments go to pytest, e.g. `scripts/test.sh --fast tests/test_judge.py` or
+# `scripts/test.sh -m slow` (after the whole set-up).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 full=()
-if [ "${1:-}" = "--full" ]; then
-  full=(--full)
-  shift
+fast=""
+case "${1:-}" in
+  --full) full=(--full); shift ;;
+  --fast) fast=1; shift ;;
+esac
+if [ -n "$fast" ]; then
+  [ -x "$ROOT/.venv/bin/pytest" ] || bash "$ROOT/scripts/setup-bench.sh"
+else
+  bash "$ROOT/scripts/setup.sh"
 fi
-bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 bash scripts/lint.sh
 # Nothing in the tests is fetched from a model hub: hub ids resolve from caches the tests build.
@@ -42,6 +52,9 @@ export OMP_NUM_THREADS=1
 # of its own, where inductor would otherwise keep it; the kernels are keyed by torch's version
 # and their source, so servers of either vLLM release share the folder safely.
 export TORCHINDUCTOR_CACHE_DIR="$ROOT/.cache/torchinductor"
+if [ -n "$fast" ]; then
+  exec .venv/bin/pytest -m "not slow" -n 2 "$@"
+fi
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest "${full[@]}" "$@"
 fi

@@ -25,7 +25,7 @@ from bench.weights.errors import AuditError, ReaderError
 from bench.weights.model import AuditReport
 from bench.weights.protocols import READER
 
-from .support import CANARY, ROOT, needs_vllm, shard_name, write_checkpoint
+from .support import CANARY, ROOT, needs_canary, needs_vllm, shard_name, write_checkpoint
 
 STREAMERS = ROOT / ".cache" / "streamers"
 ALL_ORDERS = ["sorted", "reversed", "listing"]
@@ -506,6 +506,8 @@ REGIMES = [
 
 
 @pytest.mark.parametrize(("version", "regime", "error"), REGIMES)
+@needs_vllm  # and its overlays (scripts/setup-vllm.sh installs both)
+@needs_canary
 def test_older_streamer_apis_are_called_the_way_they_take_and_show_their_own_regime(version, regime, error):
     report = audit_checkpoint(CANARY, default_python(), overlay(version), {}, orders=["sorted"], loaders=["streamer"])
     [run] = report.runs

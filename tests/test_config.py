@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import yaml
@@ -8,6 +9,8 @@ import yaml
 from bench.cli import main
 from bench.core.config import ConfigError, parse_config
 from bench.store.matrixfile import load_config
+
+from .support import ROOT, needs
 
 
 def test_minimal_has_the_bench_defaults(minimal):
@@ -107,10 +110,21 @@ def test_a_local_looking_model_path_that_does_not_exist_is_a_config_error_naming
     assert load_config(f).models[1].path == str(tmp_path / "here")
 
 
-def test_shipped_configs_are_valid():
-    from pathlib import Path
+def _local_models(config: Path) -> list[Path]:
+    """The model folders a shipped matrix names by a local path: loading it checks that they exist."""
+    paths = [m["path"] for m in yaml.safe_load(config.read_text())["models"]]
+    return [(config.parent / p).resolve() for p in paths if p.startswith(("./", "../", "/"))]
 
-    configs = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
-    assert configs
-    for c in configs:
-        load_config(c)
+
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", [
+    pytest.param(c, id=c.name, marks=[needs(p, f"the model {p.name} (.cache/models)") for p in _local_models(c)])
+    for c in SHIPPED])
+def test_shipped_configs_are_valid(config):
+    load_config(config)
+
+
+def test_the_shipped_configs_are_found():
+    assert {"cpu-smoke.yaml", "h200.yaml"} <= {c.name for c in SHIPPED}

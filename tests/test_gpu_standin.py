@@ -32,7 +32,9 @@ STANDIN_BIN = ROOT / "tests" / "data" / "gpu-standin"
 
 
 
-@pytest.fixture(autouse=True)
+# Module-scoped, so that it runs before the module-scoped engine below (pytest sets up the wider
+# scope first): a machine without dockerd skips, instead of failing to start it.
+@pytest.fixture(autouse=True, scope="module")
 def _standin_engine_possible():
     why_not = available()
     if why_not is not None:

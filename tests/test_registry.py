@@ -35,7 +35,7 @@ from bench.serve.launch_docker import LABEL, DockerLauncher
 from bench.store.matrixfile import load_config
 from bench.store.results import ResultsDir
 
-from .support import ROOT, wait_until, write_checkpoint
+from .support import ROOT, setup_missing, wait_until, write_checkpoint
 
 REGISTRY = Path("/usr/bin/docker-registry")
 TINI = Path("/usr/bin/tini-static")  # docker.io depends on tini: a static binary that exits at once
@@ -88,12 +88,17 @@ class Registry:
 
 @pytest.fixture(scope="module")
 def engine() -> docker.DockerClient:
-    return docker.from_env(timeout=120)
+    try:
+        return docker.from_env(timeout=120)
+    except docker.errors.DockerException as exc:
+        setup_missing(f"no Docker engine answers (scripts/setup-docker.sh): {exc}")
+        raise
 
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
-    assert REGISTRY.exists(), "docker-registry is not installed: run scripts/setup.sh (scripts/setup-docker.sh)"
+    if not REGISTRY.exists():
+        setup_missing("docker-registry is not installed (scripts/setup-docker.sh)")
     r = Registry(tmp_path)
     r.start()
     try:

@@ -20,7 +20,7 @@ import yaml
 from bench.store.results import ResultsDir
 
 from . import test_registry
-from .support import ROOT
+from .support import ROOT, needs_canary
 from .test_registry import REPO, push, untag
 
 # Its fixtures, as this module's: the registry, the engine and the two builds.
@@ -119,6 +119,7 @@ def test_a_registry_that_does_not_answer_prints_no_pin(engine, registry, tmp_pat
     assert f"image {ref}: the registry did not resolve it" in planned.stderr, planned.stderr
 
 
+@needs_canary  # the smoke matrix's model
 def test_images_run_from_each_hosts_own_copy_are_printed_as_they_are_with_no_engine_asked(tmp_path):
     """configs/cpu-smoke-docker.yaml: images built on each host (`pull: never`), which no registry
     names; an engine that does not answer is not asked."""

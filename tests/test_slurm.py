@@ -10,7 +10,7 @@ from bench.core.matrix import expand
 from bench.slurm import SlurmJob, SlurmOptions, job_script, parse_scontrol, sbatch_args
 from bench.store.matrixfile import load_config
 
-from .support import SMOKE
+from .support import SMOKE, needs_canary
 
 SCONTROL = ("JobId=42 JobName=regbench-r1 UserId=root(0) GroupId=root(0) Priority=1 Account=(null) "
             "JobState=TIMEOUT Reason=TimeLimit Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:15 "
@@ -27,6 +27,7 @@ def test_scontrol_records_are_read_by_key():
         ("TIMEOUT", "TimeLimit", "0:15", "n2")
 
 
+@needs_canary
 def test_the_batch_script_runs_one_cell_into_its_slice_and_keeps_slurms_devices(tmp_path):
     cell = cells()[1]
     script = job_script(cell, Path("/shared/m.yaml"), "r1", tmp_path / "slices" / "001", python="/venv/bin/python")
@@ -38,6 +39,7 @@ def test_the_batch_script_runs_one_cell_into_its_slice_and_keeps_slurms_devices(
         assert subprocess.run(["bash", "-c", tail], capture_output=True).returncode == job_rc
 
 
+@needs_canary
 def test_sbatch_arguments_name_the_run_and_ask_for_the_cells_gpus(tmp_path):
     cell = cells()[0]
     args = sbatch_args(cell, "r1", tmp_path, SlurmOptions(partition="gpu", time_limit="30", extra=["--qos=high"]), True)
@@ -92,6 +94,7 @@ def test_the_reports_show_every_job_and_flag_the_ones_that_did_not_complete(tmp_
     assert "m__runai_streamer__cpu__img" in row[:row.index("</tr>")] and "<strong>TIMEOUT</strong>" in row
 
 
+@needs_canary
 def test_a_platform_profiles_slurm_block_gives_the_defaults_and_flags_win():
     import pytest
     from pydantic import ValidationError
@@ -126,6 +129,7 @@ def _fake_slurm(tmp_path):
     return dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}"), scripts
 
 
+@needs_canary
 def test_container_images_are_pinned_once_at_submission_for_every_job(tmp_path):
     """Under Slurm each job is a bench of its own: the images are pinned when the run is
     submitted (here: to the local image's id, which the engine reports), so a tag that moves
@@ -153,6 +157,7 @@ def test_container_images_are_pinned_once_at_submission_for_every_job(tmp_path):
     assert "pinned to sha256:" in done.stderr
 
 
+@needs_canary
 def test_jobs_run_the_matrix_the_submitting_command_resolved_image_overrides_included(tmp_path):
     """`run --image` under Slurm: each job's script runs a config file holding the overridden
     reference, written once into the run's state folder, and never the matrix file given."""
@@ -179,6 +184,7 @@ def test_jobs_run_the_matrix_the_submitting_command_resolved_image_overrides_inc
     assert cell.id in [c.id for c in expand(load_config(ran))]
 
 
+@needs_canary
 def test_a_submitting_host_without_an_engine_says_how_to_pin_every_job_to_one_build(monkeypatch):
     """Each job then resolves its images itself: a tag that moves between two jobs' starts gives
     two builds, which the merge at the end refuses; the submitter is told before any job."""
