@@ -311,8 +311,9 @@ def contract_server(tmp_path_factory):
 
 @pytest.fixture(scope="class")
 def tool_server(tmp_path_factory):
-    # Alone: a tool call is structured output, which schema_dropped takes away.
-    yield from fault_server(tmp_path_factory, "tool_args_dropped_streaming")
+    # Without schema_dropped: a tool call is structured output, which it takes away. The other two
+    # touch only answers a stop string ended, and the choices after the first.
+    yield from fault_server(tmp_path_factory, "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop")
 
 
 @pytest.fixture(scope="class")
@@ -457,12 +458,41 @@ class TestContractFaults:
 @pytest.mark.full
 @needs_vllm
 @needs_canary
-class TestToolArgsDroppedStreaming:
-    """tool_args_dropped_streaming on a tool_server of its own (the hermes parser's stream)."""
+class TestApiServerFaults:
+    """tool_args_dropped_streaming (the hermes parser's stream), stop_reports_length (the output
+    processor's finish) and n_children_lose_stop (an n > 1 request's children), all in the API
+    server, on one tool_server."""
 
-    def test_it_arms_in_the_api_server(self, tool_server):
-        (line,) = tool_server.armed_in("tool_args_dropped_streaming")
+    @pytest.mark.parametrize("fault", ["tool_args_dropped_streaming", "stop_reports_length", "n_children_lose_stop"])
+    def test_it_arms_in_the_api_server(self, tool_server, fault):
+        (line,) = tool_server.armed_in(fault)
         assert not engine_side(line), line
+
+    def test_stop_reports_length_ends_at_the_stop_string_and_says_length(self, tool_server, healthy):
+        stop = {"stop": ["e"], "min_tokens": 0, "max_tokens": 64}
+        kept, broken = healthy.complete(PROMPT, **stop), tool_server.complete(PROMPT, **stop)
+        print(f"\nstop_reports_length: stop 'e': healthy {kept['text']!r} ({kept['finish_reason']}, "
+              f"{kept['stop_reason']!r}, {len(kept['token_ids'])} ids); faulty {broken['text']!r} "
+              f"({broken['finish_reason']}, {broken['stop_reason']!r}, {len(broken['token_ids'])} ids)")
+        assert kept["finish_reason"] == "stop" and kept["stop_reason"] == "e" and len(kept["token_ids"]) < 64
+        assert (broken["text"], broken["token_ids"]) == (kept["text"], kept["token_ids"])
+        assert broken["finish_reason"] == "length" and broken["stop_reason"] is None
+
+    def test_n_children_lose_stop_lets_the_second_choice_run_past_the_stop_string(self, tool_server, healthy):
+        request = {"model": "tiny", "prompt": "Once upon a time", "n": 2, "temperature": 0.8, "seed": 11,
+                   "stop": ["e"], "max_tokens": 64, "min_tokens": 0, "return_token_ids": True}
+
+        def choices(server: Vllm) -> list[dict]:
+            r = server.client.post("/v1/completions", json=request)
+            assert r.status_code == 200, r.text
+            return sorted(r.json()["choices"], key=lambda c: c["index"])
+
+        kept, broken = choices(healthy), choices(tool_server)
+        print("\nn_children_lose_stop: stop 'e', n 2: healthy "
+              f"{[(c['text'], c['finish_reason'], c['stop_reason']) for c in kept]}; faulty "
+              f"{[(c['text'][:40], c['finish_reason'], c['stop_reason']) for c in broken]}")
+        assert all("e" not in c["text"] and c["stop_reason"] == "e" for c in kept)
+        assert "e" not in broken[0]["text"] and "e" in broken[1]["text"] and broken[1]["stop_reason"] is None
 
     def test_tool_args_dropped_streaming_streams_a_call_without_its_arguments(self, tool_server, healthy):
         kept, kept_streamed = healthy.tool_call(stream=False), healthy.tool_call(stream=True)

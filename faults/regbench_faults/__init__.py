@@ -35,6 +35,8 @@ FAULTS = (
     "logit_bias_ignored",
     "schema_dropped",
     "tool_args_dropped_streaming",
+    "stop_reports_length",
+    "n_children_lose_stop",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"
