@@ -124,11 +124,7 @@ def judge_cell(
     judged_requests = sorted((q for q in requests if q.repeat in per_run),
                              key=lambda q: (q.repeat, order.get(q.prompt_id, len(order))))
     positions, diverged = _against_baseline(cell, judged, judged_requests, per_run, baseline, comparator, reference_text)
-    set_aside: dict[int, list[Finding]] = {}
-    if cell.is_baseline or (cell.baseline_id is not None and baseline is not None):
-        shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
-        for repeat in per_run:
-            per_run[repeat], set_aside[repeat] = set_aside_unconfirmed(per_run[repeat], shared, knob=cell.knob is not None)
+    set_aside = _set_aside(cell, per_run, baseline)
     pending = cell.baseline_id is not None and (baseline is None or not baseline.outputs)
     run_reasons = {repeat: sorted({f.reason for f in fs}) for repeat, fs in per_run.items()}
     # A run that could not be started on this host says nothing of vLLM: not a failing run.
@@ -167,6 +163,17 @@ def judge_cell(
             for repeat, rs in run_reasons.items()
         ],
     )
+
+
+def _set_aside(cell: Cell, per_run: dict[int, list[Finding]], baseline: Baseline | None) -> dict[int, list[Finding]]:
+    """Takes out of `per_run` what is set aside as unconfirmed (bench.core.judge.baseline), and
+    returns it by repeat; a cell whose baseline is not judged yet keeps everything."""
+    set_aside: dict[int, list[Finding]] = {}
+    if cell.is_baseline or (cell.baseline_id is not None and baseline is not None):
+        shared = None if cell.is_baseline else (baseline.missed if baseline is not None else frozenset())
+        for repeat in per_run:
+            per_run[repeat], set_aside[repeat] = set_aside_unconfirmed(per_run[repeat], shared, knob=cell.knob is not None)
+    return set_aside
 
 
 def _against_baseline(cell: Cell, judged: list[RunRecord], requests: list[RequestRecord],
