@@ -156,7 +156,7 @@ def test_the_reference_text_scores_agree_across_healthy_cells(healthy):
 def test_compare_on_two_real_releases_finds_no_regression(healthy):
     runs, _, _ = healthy
     a, b = runs["new"][2], runs["previous"][2]
-    tolerant = regbench("compare", str(a), str(b), "--json")
+    tolerant = regbench("compare", str(a), str(b), "--format", "json")
     assert tolerant.returncode == 0, tolerant.stdout + tolerant.stderr
     result = json.loads(tolerant.stdout)
     assert result["comparator"] == "logprobs top-5" and result["auto_ignored"]
