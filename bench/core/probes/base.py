@@ -47,7 +47,7 @@ class ContractProbe:
     signature: ClassVar[str]  # bench/signatures/<signature>.yaml, which requires `reason`
     description: ClassVar[str]  # the taxonomy's entry for `reason` (docs/judged.md)
     # A server may lack the feature and say so with HTTP 400: set aside where the baseline
-    # refuses it too (bench.core.judge.set_aside_probes).
+    # refuses it too (bench.core.judge.baseline.set_aside_unconfirmed).
     optional_feature: ClassVar[bool] = True
 
     def content_fields(self) -> frozenset[str]:
