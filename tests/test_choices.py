@@ -157,3 +157,16 @@ def test_tool_calls_without_a_call_and_a_stop_string_not_asked_for_are_findings(
                            completion_tokens=2)) == []
     assert found(w, answer(text="ab", token_ids=[1, 2], finish_reason="stop", stop_reason="q",
                            completion_tokens=2)) == [("finish_reason_mismatch", None)]
+
+
+def test_a_streamed_twin_that_ends_for_another_reason_is_inconsistent_output():
+    from bench.core.judge import judge_twins
+
+    w = Workload(prompts=[{"id": "p", "prompt": "x", "stop": ["e"]}, {"id": "q", "prompt": "x", "stop": ["e"],
+                                                                     "stream": True}], min_tokens=1, max_tokens=4)
+    whole = answer(text="ab", token_ids=[1, 2], completion_tokens=2, finish_reason="stop", stop_reason="e")
+    streamed = whole.model_copy(update={"prompt_id": "q", "stream": True})
+    assert judge_twins([whole, streamed], w) == []
+    (f,) = judge_twins([whole, streamed.model_copy(update={"finish_reason": "length", "stop_reason": None})], w)
+    assert f.reason == Reason.INCONSISTENT_OUTPUT and "finish_reason length" in f.evidence.this_text
+    assert "finish_reason stop" in f.evidence.other_text

@@ -73,8 +73,9 @@ _SECTIONS: list[Section] = [
             "different token ids, as the cell's comparator sees it: the same server answered one question "
             'two ways. Greedy decoding must not depend on streaming (vllm#48853), on a prefix-cache hit for '
             'the second of them (vllm#5543) or on what else was in the batch (vllm#27034). The evidence '
-            'names both prompts and the first differing token; the same tokens told as other text count too '
-            '(a detokenizer, or a stream that repeats the prompt), with both texts there'),
+            'names both prompts and the first differing token; the same tokens told otherwise count too (other '
+            'text: a detokenizer, or a stream that repeats the prompt; other tool calls; another '
+            'finish_reason), with both tellings there'),
     ]),
     Section('Per run: the reference text', 'bench.core.judge.server.judge_reference', [
         (Reason.REFERENCE_NLL,

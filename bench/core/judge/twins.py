@@ -14,7 +14,8 @@ from bench.core.verdicts import Finding, Reason, TwinsDiffer
 
 
 def told(req: RequestRecord) -> str:
-    """What an answer told its client: its text, then what its contract probes add (tool calls)."""
+    """What an answer told its client: its text, then what its contract probes add (tool calls, why
+    it ended)."""
     return (req.text or "") + "".join(p.told(req) for p in PROBES)
 
 

@@ -29,11 +29,16 @@ class FinishReason(ContractProbe):
     description = ("an answer's finish_reason says what did not happen: `length` before the answer reached its "
                    "max_tokens (or the server's context, `max_model_len` less the prompt), `tool_calls` without a "
                    "call (vllm#53255), or `stop` naming a stop string the request did not give. Judged for every "
-                   "choice of an answer; the evidence has both reasons, the tokens and the limit")
+                   "choice of an answer; the evidence has both reasons, the tokens and the limit. Twins that "
+                   "end for other reasons (a streamed answer and the same one whole) are `inconsistent_output`")
     optional_feature = False  # every server says why an answer ended
 
     def asked(self, prompt: Prompt) -> bool:
         return True
+
+    def told(self, req: RequestRecord) -> str:
+        # Twins (a streamed answer and the same one whole) must end for the same reason.
+        return f"<finish_reason {req.finish_reason}>"
 
     def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[FinishReasonWrong]:
         tokens = _tokens(req)
