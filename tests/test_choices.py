@@ -170,3 +170,21 @@ def test_a_streamed_twin_that_ends_for_another_reason_is_inconsistent_output():
     (f,) = judge_twins([whole, streamed.model_copy(update={"finish_reason": "length", "stop_reason": None})], w)
     assert f.reason == Reason.INCONSISTENT_OUTPUT and "finish_reason length" in f.evidence.this_text
     assert "finish_reason stop" in f.evidence.other_text
+
+
+def test_a_stop_token_id_anywhere_but_last_is_stop_token_ignored_on_every_choice():
+    w = Workload(prompts=[{"id": "p", "prompt": "x", "n": 2, "sampling": SAMPLED}], min_tokens=1, max_tokens=4,
+                 stop_token_ids=[9])
+    ended = answer(token_ids=[1, 2, 9], completion_tokens=7, finish_reason="stop", stop_reason=9, choice_tokens=[3, 4],
+                   choices=[Choice(index=1, text="abcd", token_ids=[3, 4, 5, 6], finish_reason="length")])
+    assert found(w, ended.model_copy(update={"token_ids": [1, 2, 3, 9]})) == []
+    # vllm#17975's family: the second choice lost the request's stop token ids and ran on past one.
+    ran_on = ended.model_copy(update={"token_ids": [1, 2, 3, 9], "completion_tokens": 8, "choice_tokens": [4, 4],
+                                      "choices": [Choice(index=1, text="abcd", token_ids=[3, 9, 4, 5],
+                                                         finish_reason="length")]})
+    (f,) = judge_request(ran_on, w)
+    assert (f.reason, f.choice, f.evidence.token, f.evidence.position) == (Reason.STOP_TOKEN_IGNORED, 1, 9, 1)
+    # A prompt's own stop_token_ids replace the workload's ([] : none).
+    w = Workload(prompts=[{"id": "p", "prompt": "x", "stop_token_ids": []}], min_tokens=1, max_tokens=4,
+                 stop_token_ids=[9])
+    assert found(w, answer(token_ids=[9, 9, 1, 2])) == []

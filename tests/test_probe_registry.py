@@ -32,6 +32,7 @@ ASKING: dict[str, dict] = {
     "top_logprobs": {"top_logprobs": 3},
     "sampling": {"sampling": {"temperature": 1.0, "seed": 1}},
     "finish_reason": {},  # every answer: no field asks for it
+    "stop_token_ids": {},  # every answer whose request named stop token ids (a core field)
 }
 
 

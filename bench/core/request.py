@@ -34,9 +34,8 @@ def request_body(prompt: Prompt, workload: Workload, model: str, top_k: int | No
         body["prompt"] = prompt.prompt_ids if prompt.prompt_ids is not None else prompt.prompt or ""
     body.update(max_tokens=shape.max_tokens, temperature=workload.temperature, seed=workload.seed,
                 min_tokens=shape.min_tokens, ignore_eos=shape.ignore_eos, return_token_ids=True)
-    stop_ids = workload.stop_token_ids if prompt.stop_token_ids is None else prompt.stop_token_ids
-    if stop_ids:
-        body["stop_token_ids"] = list(stop_ids)
+    if shape.stop_token_ids:
+        body["stop_token_ids"] = list(shape.stop_token_ids)
     if prompt.stream:
         body.update(stream=True, stream_options={"include_usage": True})
     if top_k is not None:

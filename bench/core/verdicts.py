@@ -45,6 +45,7 @@ class Reason(StrEnum):
     PROMPT_REPEATED = "prompt_repeated"
     TOOL_CALL_INVALID = "tool_call_invalid"
     FINISH_REASON_MISMATCH = "finish_reason_mismatch"
+    STOP_TOKEN_IGNORED = "stop_token_ignored"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -301,6 +302,20 @@ class FinishReasonWrong(_Evidence):
                 f"tokens: {self.problem}")
 
 
+class StopTokenPassed(_Evidence):
+    """stop_token_ignored."""
+
+    kind: Literal["stop_token_passed"] = "stop_token_passed"
+    token: int  # the stop token id the answer went on past
+    position: int  # where it was generated first, 0-based
+    tokens: int  # the answer's tokens in all
+    finish_reason: str | None
+
+    def text(self) -> str:
+        return (f"stop token id {self.token} was generated at token {self.position} and the answer went on to "
+                f"{self.tokens} tokens (finish_reason {self.finish_reason})")
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -471,10 +486,10 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken
-    | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood | CounterMismatch
-    | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | BannedToken | ChoiceCount | SchemaMiss | LogprobsByK
-    | RanOn | Note,
+    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken |
+    ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
+    CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
+    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

@@ -18,6 +18,7 @@ from bench.core.probes.prompt_repeated import DecodesToFields
 from bench.core.probes.sampling import SamplingFields
 from bench.core.probes.schema import SchemaFields
 from bench.core.probes.stop import StopFields
+from bench.core.probes.stop_token_ids import StopTokenIdsFields
 from bench.core.probes.tools import ToolsFields
 from bench.core.probes.top_logprobs import TopLogprobsFields
 from bench.core.schema import Name, Strict
@@ -100,7 +101,7 @@ class PromptCore(Strict):
 
 
 class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, LogitBiasFields, StopFields,
-             DecodesToFields, SamplingFields, FinishReasonFields, PromptCore):
+             DecodesToFields, SamplingFields, FinishReasonFields, StopTokenIdsFields, PromptCore):
     """One request of the workload. The keys after `stop_token_ids` ask for contract probes
     (docs/judged.md, "Contract probes"), each key declared by its probe's module in
     bench/core/probes/."""
@@ -132,19 +133,22 @@ class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, LogitB
         its contract probes need them."""
         shape = RequestShape(min_tokens=workload.min_tokens if self.min_tokens is None else self.min_tokens,
                              max_tokens=workload.max_tokens if self.max_tokens is None else self.max_tokens,
-                             ignore_eos=workload.ignore_eos if self.ignore_eos is None else self.ignore_eos)
+                             ignore_eos=workload.ignore_eos if self.ignore_eos is None else self.ignore_eos,
+                             stop_token_ids=tuple(workload.stop_token_ids if self.stop_token_ids is None
+                                                  else self.stop_token_ids))
         for probe in PROBES:
             shape = probe.shape(self, shape)
         return shape
 
 
 class RequestShape(Strict):
-    """A prompt's token limits as sent (Prompt.request): the client sends them, the judge holds the
-    answer to them."""
+    """A prompt's token limits and stop token ids as sent (Prompt.request): the client sends them,
+    the judge holds the answer to them."""
 
     min_tokens: int
     max_tokens: int
     ignore_eos: bool
+    stop_token_ids: tuple[int, ...] = ()
 
 
 class Workload(Strict):

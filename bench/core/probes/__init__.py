@@ -22,6 +22,7 @@ from bench.core.probes import schema
 from bench.core.probes import top_logprobs
 from bench.core.probes import sampling
 from bench.core.probes import finish_reason
+from bench.core.probes import stop_token_ids
 # isort: on
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
            "sampling",
            "schema",
            "stop",
+           "stop_token_ids",
            "tools",
            "top_logprobs",
 ]
