@@ -533,3 +533,17 @@ def test_each_contract_probe_finding_names_its_own_signature_first(reason, signa
     # And no other probe's.
     others = {s for _, s in OWN_SIGNATURES} - {signature}
     assert not others & set(matched)
+
+
+def test_a_promise_broken_only_by_a_later_choice_is_named_n_choices_lose_request():
+    """vllm#17975's family: the first choice keeps the stop, the second runs past it."""
+    from bench.core.verdicts import StopPassed
+
+    later = Finding(reason="stop_ignored", prompt_id="two-choices-stop", choice=1, evidence=StopPassed(
+        stop="e", position=3, finish_reason="length", around="once e"))
+    c = cell("safetensors", "s18", "fail", {"stop_ignored": 1})
+    assert first(evidence(c, "safetensors", findings=[later])) == "n-choices-lose-request"
+    # The same finding on the first choice too: the stop is lost for every choice, not this family.
+    both = [later, later.model_copy(update={"choice": None})]
+    matched = names(evidence(c, "safetensors", findings=both))
+    assert "n-choices-lose-request" not in matched and matched[0] == "stop-string-ignored"

@@ -265,6 +265,24 @@ class TwinsDifferCondition(Condition):
 
 
 @condition
+class LaterChoicesCondition(Condition):
+    """Of an n > 1 answer, only choices after the first broke a promise: each (reason, prompt) found
+    on a later choice is not found on the first (vllm#17975's family: the first choice keeps the
+    request's stops and bans, later ones lose them)."""
+
+    later_choices: bool
+
+    def check(self, ev: CellEvidence, releases: Releases | None = None) -> Check:
+        later = {(f.reason, f.prompt_id) for f in ev.findings if f.choice}
+        first = {(f.reason, f.prompt_id) for f in ev.findings if not f.choice}
+        only_later = sorted(later - first)
+        if not only_later:
+            return not self.later_choices, "no finding only on choices after the first"
+        reason, prompt = only_later[0]
+        return self.later_choices, f"{reason} on a later choice of {prompt}, not on its first"
+
+
+@condition
 class KilledCondition(Condition):
     """Some run's server did not exit after SIGTERM within the shutdown timeout and was killed."""
 
