@@ -311,9 +311,11 @@ def contract_server(tmp_path_factory):
 
 @pytest.fixture(scope="class")
 def tool_server(tmp_path_factory):
-    # Without schema_dropped: a tool call is structured output, which it takes away. The other two
-    # touch only answers a stop string ended, and the choices after the first.
-    yield from fault_server(tmp_path_factory, "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop")
+    # Without schema_dropped: a tool call is structured output, which it takes away. The others
+    # touch only answers a stop string ended, the choices after the first, and non-ASCII text in
+    # streams (the tool call's arguments here are ASCII).
+    yield from fault_server(tmp_path_factory,
+                            "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop,stream_mangles_utf8")
 
 
 @pytest.fixture(scope="class")
@@ -460,10 +462,11 @@ class TestContractFaults:
 @needs_canary
 class TestApiServerFaults:
     """tool_args_dropped_streaming (the hermes parser's stream), stop_reports_length (the output
-    processor's finish) and n_children_lose_stop (an n > 1 request's children), all in the API
-    server, on one tool_server."""
+    processor's finish), n_children_lose_stop (an n > 1 request's children) and stream_mangles_utf8
+    (a stream's deltas), all in the API server, on one tool_server."""
 
-    @pytest.mark.parametrize("fault", ["tool_args_dropped_streaming", "stop_reports_length", "n_children_lose_stop"])
+    @pytest.mark.parametrize("fault", ["tool_args_dropped_streaming", "stop_reports_length", "n_children_lose_stop",
+                                       "stream_mangles_utf8"])
     def test_it_arms_in_the_api_server(self, tool_server, fault):
         (line,) = tool_server.armed_in(fault)
         assert not engine_side(line), line
@@ -477,6 +480,19 @@ class TestApiServerFaults:
         assert kept["finish_reason"] == "stop" and kept["stop_reason"] == "e" and len(kept["token_ids"]) < 64
         assert (broken["text"], broken["token_ids"]) == (kept["text"], kept["token_ids"])
         assert broken["finish_reason"] == "length" and broken["stop_reason"] is None
+
+    def test_stream_mangles_utf8_streams_u_fffd_where_the_whole_answer_has_accents(self, tool_server, healthy):
+        # A schema makes the random model write non-ASCII characters, each split across tokens.
+        accents = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "w", "schema": {"enum": ["café", "naïve"]}}}, "min_tokens": 0, "max_tokens": 16, "ignore_eos": False}
+        kept = healthy.complete(PROMPT, **accents)["text"]
+        kept_streamed = "".join(healthy.stream(PROMPT, **accents))
+        broken = tool_server.complete(PROMPT, **accents)["text"]
+        broken_streamed = "".join(tool_server.stream(PROMPT, **accents))
+        print(f"\nstream_mangles_utf8: healthy {kept!r} / streamed {kept_streamed!r}; faulty {broken!r} / streamed "
+              f"{broken_streamed!r}")
+        assert json.loads(kept) in ("café", "naïve") and kept_streamed == kept == broken
+        assert "\ufffd" in broken_streamed and broken_streamed != kept
 
     def test_n_children_lose_stop_lets_the_second_choice_run_past_the_stop_string(self, tool_server, healthy):
         request = {"model": "tiny", "prompt": "Once upon a time", "n": 2, "temperature": 0.8, "seed": 11,

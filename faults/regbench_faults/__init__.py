@@ -37,6 +37,7 @@ FAULTS = (
     "tool_args_dropped_streaming",
     "stop_reports_length",
     "n_children_lose_stop",
+    "stream_mangles_utf8",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"
