@@ -101,9 +101,30 @@ NOT_CAUGHT: dict[str, str] = {}
 ARMED = re.compile(r"^regbench-fault: (\S+) armed in ", re.M)
 
 
+def one_matrix_at_a_time(tmp_path_factory) -> None:
+    """Under pytest-xdist a module fixture runs in every worker given one of the file's tests: only
+    `--dist loadfile` (scripts/test.sh) keeps the file on one worker. Two matrices at once load
+    the cores otherwise than measured, and moved bf16 twins apart once: refused, not measured."""
+    import fcntl
+
+    if _LOCKS:
+        return  # this worker holds it already (its other matrix)
+    lock = open(tmp_path_factory.getbasetemp().parent / "detection-matrix.lock", "w")  # noqa: SIM115 (held to the end)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pytest.fail("another worker runs this file's matrices: run it alone, or with -n N --dist loadfile as "
+                    "scripts/test.sh does")
+    _LOCKS.append(lock)
+
+
+_LOCKS: list = []  # held for the session: the worker that ran one matrix runs the other too
+
+
 @pytest.fixture(scope="module", params=["tiny", pytest.param("real", marks=pytest.mark.full)])
 def measured(request, tmp_path_factory) -> tuple[Path, Path, list[dict], subprocess.CompletedProcess, float, list]:
     config, ledger_name = MATRICES[request.param]
+    one_matrix_at_a_time(tmp_path_factory)
     results = tmp_path_factory.mktemp(f"detection-{request.param}")
     ledger = Path(os.environ.get(LEDGERS) or results) / ledger_name
     started = time.monotonic()
