@@ -305,29 +305,53 @@ def test_a_missing_cxx_compiler_matches_the_container_that_died_on_prompt_logpro
 
 
 def test_the_noise_of_a_normal_shutdown_is_not_evidence_but_the_same_error_while_serving_is(tmp_path):
-    """The EngineDeadError vLLM prints on every SIGTERM (bench.core.judge.is_benign) is left out of
-    the diagnosis's server-log evidence; before the stop request it is the engine dying, and kept."""
+    """The EngineDeadError vLLM prints at some SIGTERMs (bench.core.judge.is_benign) is left out of
+    the diagnosis's server-log evidence, also when the passing cell's server did not print it that
+    time; before the stop request it is the engine dying, and kept. The logs as vLLM wrote them:
+    the failing cell's is the recorded shutdown (its traceback's lines end in CR LF, which an
+    episode's text rejoined with LF is not found in), the passing cell's the recorded healthy
+    server that stopped without the traceback."""
     import json
 
     from bench.store.publish import regenerate
 
     from . import synth
 
-    text = log("vllm-0.32-shutdown-engine-dead.log")
-    stop_at = len(text[:text.index("[shutdown] API server: shutdown triggered")].rsplit("\n", 1)[0].encode()) + 1
+    data = (LOGS / "vllm-0.32-shutdown-engine-dead.log").read_bytes()
+    baseline = (LOGS / "vllm-0.32-safetensors-healthy.log").read_bytes()
+    assert b"EngineDeadError" not in baseline
+    stop_at = data.index(b"(APIServer pid=9789) INFO 11-30 12:28:45 [launcher.py:254] [shutdown]")
+    assert b"[async_llm.py:906] Traceback (most recent call last):\r\n" in data[stop_at:]
     for run_id, at in (("stopped", stop_at), ("died", None)):
         results = synth.create(tmp_path, run_id, synth.matrix(repeats=1))
         synth.fingerprint(results, "img", runai_model_streamer="0.16.0")
-        synth.add_run(results, "m__safetensors__cpu__img", 1)
-        synth.add_run(results, "m__runai_streamer__cpu__img", 1, ids=[0] * 128, text="", log=text,
-                      stop_at=at)
+        synth.add_run(results, "m__safetensors__cpu__img", 1, log=baseline, stop_at=baseline.index(b"[shutdown]"))
+        synth.add_run(results, "m__runai_streamer__cpu__img", 1, ids=[0] * 128, text="", log=data, stop_at=at)
         regenerate(results.path)
         (d,) = json.loads((results.path / "diagnosis.json").read_text())["cells"]
+        assert d["verdict"] == "fail"
         dead = [line for line in d["log_evidence"] if "EngineDeadError" in line]
         if at is None:
             assert dead, d["log_evidence"]
         else:
-            assert dead == [] and "EngineDeadError" not in (results.path / "summary.md").read_text()
+            assert dead == [], d["log_evidence"]
+            for shown in ("summary.md", "report.html"):
+                assert "EngineDeadError" not in (results.path / shown).read_text(), shown
+
+
+def test_the_benign_episodes_leave_the_log_line_by_line_with_its_line_ends():
+    from bench.core.judge import unexpected_exit_episodes, without_benign_episodes
+
+    data = (LOGS / "vllm-0.32-shutdown-engine-dead.log").read_bytes().decode()
+    after = data[data.index("[shutdown] API server: shutdown triggered"):]
+    kept = without_benign_episodes(after)
+    assert "EngineDeadError" not in kept and "output_handler" not in kept
+    # What is not benign stays, as written.
+    unicode_at_exit = "Exception ignored in: <function _clear at 0x1>\r\nTraceback (most recent call last):\r\n" \
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff\r\n"
+    both = without_benign_episodes(after + unicode_at_exit)
+    assert both.endswith(unicode_at_exit) and "EngineDeadError" not in both
+    assert unexpected_exit_episodes(both) == unexpected_exit_episodes(after + unicode_at_exit)
 
 
 def release_map() -> list[tuple[str, str, str]]:

@@ -116,7 +116,7 @@ class CellEvidence(_Strict):
     logs: list[LogFacts] = []
     log_text: str = ""  # the judged runs' server logs, as much as was read (for `log` patterns)
     # The logs of the run's passing cells, whole: a warning, error or exception a healthy server
-    # prints too (vLLM's EngineDeadError at every SIGTERM) is no evidence of this cell's failure.
+    # prints too is no evidence of this cell's failure.
     healthy_logs: list[LogFacts] = []
     healthy_log_text: str = ""
     # Per judged run, the prefix-cache hits its server counted over the workload (None: not scraped).

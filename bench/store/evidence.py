@@ -10,7 +10,7 @@ from bench.core.conditions import CellEvidence
 from bench.core.config import Config
 from bench.core.contrast import contrast
 from bench.core.diagnosis import Diagnosis, diagnose, load_signatures
-from bench.core.judge import exit_time_episodes, is_benign
+from bench.core.judge import without_benign_episodes
 from bench.core.logfacts import log_facts
 from bench.core.matrix import Cell, expand, matrix_image
 from bench.core.records import Fingerprint, PreflightRecord, RequestRecord, RunRecord, Summary
@@ -22,8 +22,9 @@ LOG_BYTES = 512 * 1024  # per run: the end of a longer log (where loading and fa
 def _log(results_path: Path, run: RunRecord) -> str:
     """The end of a run's server log, without what the judge knows to be the noise of a normal
     shutdown (bench.core.judge.is_benign, over the episodes after the stop request): it is not
-    evidence of anything. Before the stop request nothing is dropped: an EngineDeadError while the
-    server was serving is its engine dying."""
+    evidence of anything, whether or not a passing cell's server happened to print it too. Before
+    the stop request nothing is dropped: an EngineDeadError while the server was serving is its
+    engine dying."""
     path = (results_path / run.server.log_path).resolve()
     if not path.is_relative_to(results_path.resolve()) or not path.is_file():
         return ""
@@ -33,19 +34,19 @@ def _log(results_path: Path, run: RunRecord) -> str:
     cut = size if stop is None else min(size, max(start, stop))
     before = read_log_bytes(path, start, cut - start).decode("utf-8", errors="replace")
     after = read_log_bytes(path, cut, size - cut).decode("utf-8", errors="replace")
-    return before + without_shutdown_noise(after)
+    return before + without_benign_episodes(after)
 
 
 def _after_stop(results_path: Path, run: RunRecord, lines: int = 5) -> list[str]:
     """The last lines a server printed after the stop request (a server that had to be killed:
-    what it was doing instead of exiting)."""
+    what it was doing instead of exiting), less the noise of a normal shutdown."""
     path = (results_path / run.server.log_path).resolve()
     stop = run.server.stop_requested_at_byte
     if stop is None or not path.is_relative_to(results_path.resolve()) or not path.is_file():
         return []
     size = path.stat().st_size
     start = max(stop, size - 64 * 1024)
-    text = read_log_bytes(path, start, size - start).decode("utf-8", errors="replace")
+    text = without_benign_episodes(read_log_bytes(path, start, size - start).decode("utf-8", errors="replace"))
     return [line.strip()[:240] for line in text.splitlines() if line.strip()][-lines:]
 
 
@@ -60,14 +61,6 @@ def _healthy_logs(results_path: Path, summary: Summary, runs: list[RunRecord], m
             start = max(0, size - LOG_BYTES)
             out.append(read_log_bytes(path, start, size - start).decode("utf-8", errors="replace"))
     return out
-
-
-def without_shutdown_noise(shutdown_log: str) -> str:
-    """The log after the stop request with each episode the judge calls benign cut out."""
-    for episode in exit_time_episodes(shutdown_log):
-        if is_benign(episode):
-            shutdown_log = shutdown_log.replace(episode, "", 1)
-    return shutdown_log
 
 
 def gather(

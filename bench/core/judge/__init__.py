@@ -9,7 +9,13 @@ judge, the one place findings and verdicts are made).
 
 from bench.core.judge.baseline import Baseline, baseline_of, reference_outputs, set_aside_key, set_aside_unconfirmed
 from bench.core.judge.cells import apply_cell_checks, divergence, exit_code, judge_cell, reference_drift
-from bench.core.judge.exit_scan import BENIGN_SHUTDOWN_NOISE, exit_time_episodes, is_benign, unexpected_exit_episodes
+from bench.core.judge.exit_scan import (
+    BENIGN_SHUTDOWN_NOISE,
+    exit_time_episodes,
+    is_benign,
+    unexpected_exit_episodes,
+    without_benign_episodes,
+)
 from bench.core.judge.progress import RunMark, run_counts, run_mark
 from bench.core.judge.requests import judge_request, stream_text_differs
 from bench.core.judge.runs import LOG_ONLY_REASONS, judge_run, observed, own_findings, run_findings
@@ -24,4 +30,5 @@ __all__ = [
     "judge_reference", "judge_request", "judge_run", "judge_server", "judge_server_counters", "judge_twins",
     "observed", "own_findings", "reference_drift", "reference_outputs", "run_counts", "run_findings",
     "run_mark", "set_aside_key", "set_aside_unconfirmed", "stream_text_differs", "unexpected_exit_episodes",
+    "without_benign_episodes",
 ]

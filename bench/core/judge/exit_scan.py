@@ -39,26 +39,31 @@ BENIGN_SHUTDOWN_NOISE: tuple[re.Pattern[str], ...] = (
 _EPISODE_MAX_LINES = 80
 
 
-def episodes(shutdown_log: str) -> list[tuple[int, str]]:
-    """(first line, counted from 1, and text) of each alarm episode after the stop request."""
-    lines = shutdown_log.splitlines()
-    episodes: list[tuple[int, list[str]]] = []
-    current: list[str] | None = None
+def _spans(lines: list[str]) -> list[tuple[int, int]]:
+    """[first, end) line indices of each alarm episode."""
+    spans: list[list[int]] = []
+    current: list[int] | None = None  # the episode being read, as [first, end)
     for i, line in enumerate(lines):
         opens = bool(_OPEN.search(line)) or (current is None and bool(_ALWAYS.search(line)))
         chained = current is not None and any(_CHAINED.search(p) for p in lines[max(0, i - 3) : i])
         # Python prints "Exception ignored in: <callback>" and then that exception's traceback.
-        chained = chained or (current is not None and _IGNORED.search(current[-1]) is not None
+        chained = chained or (current is not None and _IGNORED.search(lines[current[1] - 1]) is not None
                               and line.lstrip().startswith("Traceback"))
         if opens and not chained:
             # The line before a traceback is usually the log message that introduced it.
-            current = [*lines[i - 1 : i], line]
-            episodes.append((max(i, 1), current))
+            current = [max(i - 1, 0), i + 1]
+            spans.append(current)
         elif current is not None:
-            current.append(line)
-            if len(current) >= _EPISODE_MAX_LINES:
+            current[1] = i + 1
+            if current[1] - current[0] >= _EPISODE_MAX_LINES:
                 current = None
-    return [(first, "\n".join(e)) for first, e in episodes]
+    return [(first, end) for first, end in spans]
+
+
+def episodes(shutdown_log: str) -> list[tuple[int, str]]:
+    """(first line, counted from 1, and text) of each alarm episode after the stop request."""
+    lines = shutdown_log.splitlines()
+    return [(first + 1, "\n".join(lines[first:end])) for first, end in _spans(lines)]
 
 
 def exit_time_episodes(shutdown_log: str) -> list[str]:
@@ -72,6 +77,20 @@ def is_benign(episode: str) -> bool:
 
 def unexpected_exit_episodes(shutdown_log: str) -> list[str]:
     return [e for e in exit_time_episodes(shutdown_log) if not is_benign(e)]
+
+
+def without_benign_episodes(shutdown_log: str) -> str:
+    """The log after the stop request without the lines of its benign episodes (a line that an
+    unexpected episode holds too stays), every other line as it was, its line end included. By
+    line, not by the episode's text: vLLM ends the lines of a multi-line record (a logged
+    traceback) with CR LF, so an episode rejoined with LF is not in the log as written."""
+    lines = shutdown_log.splitlines()
+    benign: set[int] = set()
+    kept: set[int] = set()
+    for first, end in _spans(lines):
+        (benign if is_benign("\n".join(lines[first:end])) else kept).update(range(first, end))
+    return "".join(line for i, line in enumerate(shutdown_log.splitlines(keepends=True))
+                   if i not in benign or i in kept)
 
 
 _EXCEPTION_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*)$")
