@@ -476,8 +476,8 @@ def test_a_line_a_passing_cells_log_shows_too_is_no_evidence_but_the_cells_own_a
     beside = evidence(short, "safetensors", ["vllm-0.32-shutdown-engine-dead.log"],
                       healthy_logs=[log_facts(shutdown)], healthy_log_text=shutdown)
     d = diagnose_cell(beside, [])
-    assert not any("EngineDeadError" in line for line in d.log_evidence), d.log_evidence
-    assert any(line.startswith("KV cache") for line in d.log_evidence)  # what the log says of loading stays
+    assert not any("EngineDeadError" in line for line in d.log_evidence + d.log_context), d.log_evidence
+    assert any(line.startswith("KV cache") for line in d.log_context)  # what the log says of loading: context
     # A signature's log pattern that a healthy log matches too is not evidence for it either.
     sig = Signature.model_validate({"id": "x", "title": "x", "explanation": "x", "fixes": ["x"],
                                     "require": [{"reason": ["short_output"]}], "support": [{"log": "EngineDeadError"}]})
@@ -485,6 +485,32 @@ def test_a_line_a_passing_cells_log_shows_too_is_no_evidence_but_the_cells_own_a
     assert [e.condition for e in m.unknown] == ["log: EngineDeadError"] and "shows it too" in m.unknown[0].says
     (m,) = diagnose_cell(evidence(short, "safetensors", ["vllm-0.32-shutdown-engine-dead.log"]), [sig]).matches
     assert [e.condition for e in m.supports] == ["reason: ['short_output']", "log: EngineDeadError"]
+
+
+def test_what_every_healthy_server_logs_too_is_context_apart_from_the_evidence():
+    """The KV cache and the load time are in every server's log, the passing cells' too: context,
+    shown apart, never a reason. The recorded runai-model-streamer 0.16.0 stream stop beside the
+    recorded healthy safetensors server: the loader stopping at 0/21 is the cell's own."""
+    from bench.core.diagnosis import Diagnosis
+    from bench.report.summary import diagnosis_markdown
+
+    stop = cell("runai_streamer", "s16", "fail", BUG)
+    healthy = [log_facts(log("vllm-0.32-safetensors-healthy.log")), log_facts(log("vllm-0.32-runai-0.17.0-healthy.log"))]
+    beside = evidence(stop, "runai_streamer", ["vllm-0.32-runai-0.16.0-stream-stop.log"], healthy_logs=healthy)
+    d = diagnose_cell(beside, [])
+    assert d.log_evidence == ["weights loader 'Runai Model Streamer' stopped at 0/21: 21 never reached the server"]
+    assert d.log_context == ["KV cache 1,048,576 tokens"]
+    # The same line is the cell's own where no passing cell printed one of its shape.
+    assert "KV cache 1,048,576 tokens" in diagnose_cell(evidence(stop, "runai_streamer",
+                                                                 ["vllm-0.32-runai-0.16.0-stream-stop.log"]), []).log_evidence
+    # A figure that differs is the same fact: its shape is shared.
+    weights = CellEvidence(cell=cell("safetensors", "s16", "fail", {"short_output": 1}), vllm_load_format="safetensors",
+                           logs=[log_facts("INFO Loading weights took 0.35 seconds\nWARNING casting to float32\n")],
+                           healthy_logs=healthy)
+    w = diagnose_cell(weights, [])
+    assert (w.log_evidence, w.log_context) == (["warning: WARNING casting to float32"], ["weights loaded in 0.35 s"])
+    md = "\n".join(diagnosis_markdown(Diagnosis(cells=[d])))
+    assert "- Server log: KV cache" not in md and "- Context, the passing cells' logs show it too: KV cache 1,048,576" in md
 
 
 def test_lines_that_differ_only_in_a_figure_are_one_line_with_the_range():

@@ -214,6 +214,9 @@ def _observed(r: BugReport) -> list[str]:
     if d.log_evidence:
         lines += ["Server log (weight loaders, load time, warnings, errors, tracebacks):", "",
                   *fence("\n".join(d.log_evidence), "text"), ""]
+    if d.log_context:
+        lines += ["Context, not evidence (the passing cells' server logs say it too):", "",
+                  *fence("\n".join(d.log_context), "text"), ""]
     if r.exit_exception is not None:
         episode = "\n".join(r.exit_exception.episode.splitlines()[-EPISODE_LINES:])
         head = f": {_code(r.exit_exception.exception)}" if r.exit_exception.exception else ""

@@ -96,6 +96,9 @@ class CellDiagnosis(_Strict):
     reasons: list[str]
     contrast: str
     log_evidence: list[str]
+    # Facts of its server logs that the passing cells' logs show too (the KV cache, the load time):
+    # what every healthy server says, context for a reader, never a reason.
+    log_context: list[str] = []
     preflight: list[str]
     fingerprint: str | None
     matches: list[Match]  # best first; [] = no known signature
@@ -145,32 +148,39 @@ def _one_line_of_a_shape(lines: list[str]) -> str:
     return out
 
 
-def _log_lines(ev: CellEvidence) -> list[str]:
-    """The log facts of the cell's runs; a fact seen in some runs only says in which. A warning,
-    error or exception a passing cell's log shows too is left out; lines that differ only in
+def _log_lines(ev: CellEvidence) -> tuple[list[str], list[str]]:
+    """(evidence, context): the log facts of the cell's runs; a fact seen in some runs only says
+    in which. What the passing cells' logs say too is no reason for this cell's failure: such a
+    warning, error or exception is left out, and such a fact of loading (the load time, the KV
+    cache: every healthy server prints them) is context, shown apart. Lines that differ only in
     their figures are one line, with the figures' ranges."""
-    healthy = {_shape(line) for log in ev.healthy_logs for line in _facts(log)[1]}
+    healthy_loading: set[str] = set()
+    healthy_alarms: set[str] = set()
+    for log in ev.healthy_logs:
+        loading, alarms = _facts(log)
+        healthy_loading.update(map(_shape, loading))
+        healthy_alarms.update(map(_shape, alarms))
     runs_of: dict[str, list[int]] = {}
     variants: dict[str, list[str]] = {}
     for i, log in enumerate(ev.logs, 1):
         loading, alarms = _facts(log)
-        for line in dict.fromkeys([*loading, *(a for a in alarms if _shape(a) not in healthy)]):
+        for line in dict.fromkeys([*loading, *(a for a in alarms if _shape(a) not in healthy_alarms)]):
             shape = _shape(line)
             if i not in runs_of.setdefault(shape, []):
                 runs_of[shape].append(i)
             if line not in variants.setdefault(shape, []):
                 variants[shape].append(line)
-    out = []
+    evidence: list[str] = []
+    context: list[str] = []
     for shape, runs in runs_of.items():
         line = _one_line_of_a_shape(variants[shape])
-        if len(runs) == len(ev.logs) or len(ev.logs) == 1:
-            out.append(line)
-        else:
-            out.append(f"run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))} of {len(ev.logs)}: {line}")
+        if len(runs) != len(ev.logs) and len(ev.logs) > 1:
+            line = f"run{'s' if len(runs) > 1 else ''} {', '.join(map(str, runs))} of {len(ev.logs)}: {line}"
+        (context if shape in healthy_loading else evidence).append(line)
     for repeat, lines in sorted(ev.after_stop.items()):
         if lines:
-            out.append(f"run {repeat}, last lines after the stop request: " + " ⏎ ".join(lines))
-    return out[:20]
+            evidence.append(f"run {repeat}, last lines after the stop request: " + " ⏎ ".join(lines))
+    return evidence[:20], context[:20]
 
 
 def _fill(template: str, values: dict[str, str]) -> str:
@@ -201,10 +211,11 @@ def diagnose_cell(ev: CellEvidence, signatures: list[Signature]) -> CellDiagnosi
             state = "skipped" if p.skipped else "ok" if p.ok else f"FAILED ({p.lost} lost)"
             preflight.append(f"{p.kind}: {state}" + (f": {p.problems[0]}" if p.problems else ""))
     fp = ev.fingerprint
+    log_evidence, log_context = _log_lines(ev)
     return CellDiagnosis(
         cell_id=ev.cell.cell_id, verdict=str(ev.cell.verdict), reasons=sorted(ev.cell.reasons),
         contrast=ev.contrast.describe() if ev.contrast else "no contrast",
-        log_evidence=_log_lines(ev), preflight=preflight,
+        log_evidence=log_evidence, log_context=log_context, preflight=preflight,
         fingerprint=(f"vLLM {fp.vllm}, runai-model-streamer {fp.runai_model_streamer}, torch {fp.torch}"
                      + (f", CUDA {fp.cuda}" if fp.cuda else "") + (f", {fp.gpu}" if fp.gpu else "")) if fp else None,
         matches=matches,

@@ -229,6 +229,7 @@ def _nondeterminism(cell: CellSummary) -> Nondeterminism:
 
 def _facts(d: CellDiagnosis) -> list[str]:
     return [f"Contrast: {d.contrast}", *(f"Server log: {x}" for x in d.log_evidence),
+            *(f"Context, the passing cells' logs show it too: {x}" for x in d.log_context),
             *(f"Pre-flight: {x}" for x in d.preflight), *([f"Environment: {d.fingerprint}"] if d.fingerprint else [])]
 
 

@@ -136,6 +136,7 @@ def diagnosis_markdown(diagnosis: Diagnosis) -> list[str]:
         lines += [f"### `{d.cell_id}`: {d.verdict.upper()} ({', '.join(d.reasons)})", ""]
         lines.append(f"- Contrast: {d.contrast}")
         lines += [f"- Server log: {e}" for e in d.log_evidence]
+        lines += [f"- Context, the passing cells' logs show it too: {e}" for e in d.log_context]
         lines += [f"- Pre-flight: {p}" for p in d.preflight]
         if d.fingerprint:
             lines.append(f"- Environment: {d.fingerprint}")
