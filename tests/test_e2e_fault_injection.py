@@ -306,7 +306,7 @@ def kept_server(tmp_path_factory):
 
 @pytest.fixture(scope="class")
 def contract_server(tmp_path_factory):
-    yield from fault_server(tmp_path_factory, "stop_ignored,schema_dropped,min_tokens_off_by_one")
+    yield from fault_server(tmp_path_factory, "stop_ignored,schema_dropped,min_tokens_off_by_one,temperature_ignored")
 
 
 @pytest.fixture(scope="class")
@@ -419,13 +419,13 @@ class TestOutputKeptFaults:
 @needs_vllm
 @needs_canary
 class TestContractFaults:
-    """stop_ignored (text), schema_dropped (structured requests) and min_tokens_off_by_one (EOS
-    pushed by logit_bias, which this server applies) on one contract_server: each touches only
-    the requests that ask for its feature."""
+    """stop_ignored (text), schema_dropped (structured requests), min_tokens_off_by_one (EOS
+    pushed by logit_bias, which this server applies) and temperature_ignored (sampled requests) on
+    one contract_server: each touches only the requests that ask for its feature."""
 
     def test_each_fault_says_where_it_armed(self, contract_server):
         assert contract_server.armed_in("stop_ignored"), contract_server.fault_lines()
-        for fault in ("schema_dropped", "min_tokens_off_by_one"):
+        for fault in ("schema_dropped", "min_tokens_off_by_one", "temperature_ignored"):
             assert any(engine_side(line) for line in contract_server.armed_in(fault)), contract_server.fault_lines()
 
     def test_stop_ignored_runs_past_a_stop_string(self, contract_server, healthy):
@@ -454,6 +454,23 @@ class TestContractFaults:
               f"faulty {len(broken['token_ids'])}, each ending {kept['token_ids'][-1]} / {broken['token_ids'][-1]}")
         assert kept["token_ids"][-1] == 1 and len(kept["token_ids"]) == 9 and kept["finish_reason"] == "stop"
         assert broken["token_ids"][-1] == 1 and len(broken["token_ids"]) == 8
+
+    def test_temperature_ignored_decodes_a_sampled_request_greedily(self, contract_server, healthy, reference):
+        sampled = {"temperature": 0.8, "seed": 7, "max_tokens": 32, "min_tokens": 32, "logprobs": 1,
+                   "return_tokens_as_token_ids": True}
+        greedy = reference["code"]["token_ids"][:32]
+        kept, broken = healthy.complete(PROMPT, **sampled), contract_server.complete(PROMPT, **sampled)
+
+        def best(choice: dict) -> int:
+            # The tokens that were the most likely one, by the answer's own logprobs (raw).
+            lp = choice["logprobs"]
+            return sum(own >= max(top.values()) for own, top in zip(lp["token_logprobs"], lp["top_logprobs"]))
+
+        print(f"\ntemperature_ignored: temperature 0.8, seed 7: healthy {best(kept)} of 32 tokens the most likely, "
+              f"first off greedy at {first_difference(kept['token_ids'], greedy)}; faulty {best(broken)} of 32, "
+              f"{'equal to' if broken['token_ids'] == greedy else 'not'} greedy decoding")
+        assert kept["token_ids"] != greedy and best(kept) < 32
+        assert broken["token_ids"] == greedy and best(broken) == 32
 
 
 @pytest.mark.slow

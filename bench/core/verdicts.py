@@ -46,6 +46,7 @@ class Reason(StrEnum):
     TOOL_CALL_INVALID = "tool_call_invalid"
     FINISH_REASON_MISMATCH = "finish_reason_mismatch"
     STOP_TOKEN_IGNORED = "stop_token_ignored"
+    SAMPLING_IGNORED = "sampling_ignored"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -316,6 +317,26 @@ class StopTokenPassed(_Evidence):
                 f"{self.tokens} tokens (finish_reason {self.finish_reason})")
 
 
+class SampledAsGreedy(_Evidence):
+    """sampling_ignored."""
+
+    kind: Literal["sampled_as_greedy"] = "sampled_as_greedy"
+    # "greedy": every judged token was the most likely one; "identical choices": the n choices
+    # all came back the same.
+    pattern: Literal["greedy", "identical choices"] = "greedy"
+    temperature: float
+    tokens: int  # the tokens the chance was bounded over
+    choices: int = 1  # the answer's choices (n)
+    log10_chance: float  # the bound on how likely that is under the request's sampling, log10
+    log10_bound: float  # what counts as too unlikely to be chance
+
+    def text(self) -> str:
+        what = ("every one of its first tokens was the most likely one (greedy decoding)" if self.pattern == "greedy"
+                else f"all {self.choices} choices came back the same")
+        return (f"sampled at temperature {self.temperature:g}, {what} over {self.tokens} tokens: by the answer's own "
+                f"logprobs a chance of at most 1e{self.log10_chance:.0f}, under the bound 1e{self.log10_bound:.0f}")
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -489,7 +510,7 @@ Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken |
     ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
     CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
-    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
+    SampledAsGreedy |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

@@ -38,6 +38,7 @@ FAULTS = (
     "stop_reports_length",
     "n_children_lose_stop",
     "stream_mangles_utf8",
+    "temperature_ignored",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"

@@ -16,6 +16,7 @@ from bench.core.probes.finish_reason import FinishReasonFields
 from bench.core.probes.logit_bias import LogitBiasFields
 from bench.core.probes.prompt_repeated import DecodesToFields
 from bench.core.probes.sampling import SamplingFields
+from bench.core.probes.sampling_honoured import SamplingHonouredFields
 from bench.core.probes.schema import SchemaFields
 from bench.core.probes.stop import StopFields
 from bench.core.probes.stop_token_ids import StopTokenIdsFields
@@ -101,7 +102,8 @@ class PromptCore(Strict):
 
 
 class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, LogitBiasFields, StopFields,
-             DecodesToFields, SamplingFields, FinishReasonFields, StopTokenIdsFields, PromptCore):
+             DecodesToFields, SamplingFields, SamplingHonouredFields, FinishReasonFields, StopTokenIdsFields,
+             PromptCore):
     """One request of the workload. The keys after `stop_token_ids` ask for contract probes
     (docs/judged.md, "Contract probes"), each key declared by its probe's module in
     bench/core/probes/."""

@@ -21,6 +21,7 @@ from bench.core.probes import choices
 from bench.core.probes import schema
 from bench.core.probes import top_logprobs
 from bench.core.probes import sampling
+from bench.core.probes import sampling_honoured
 from bench.core.probes import finish_reason
 from bench.core.probes import stop_token_ids
 # isort: on
@@ -34,6 +35,7 @@ __all__ = [
            "prompt_repeated",
            "register",
            "sampling",
+           "sampling_honoured",
            "schema",
            "stop",
            "stop_token_ids",

@@ -49,6 +49,9 @@ class ContractProbe:
     # A server may lack the feature and say so with HTTP 400: set aside where the baseline
     # refuses it too (bench.core.judge.baseline.set_aside_unconfirmed).
     optional_feature: ClassVar[bool] = True
+    # Its request reshapes the distribution tokens are sampled from beyond the temperature (a
+    # bias, a grammar): a chance bounded from the raw logprobs does not hold for it.
+    reweights: ClassVar[bool] = False
 
     def content_fields(self) -> frozenset[str]:
         return frozenset(self.fields.model_fields) if self.content is None else self.content

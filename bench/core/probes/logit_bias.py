@@ -32,6 +32,7 @@ class LogitBias(ContractProbe):
     reason = Reason.BANNED_TOKEN
     evidence = BannedToken
     signature = "logit-bias-ignored"
+    reweights = True
     description = "a token id the prompt biased by -100 (`logit_bias`) was generated; the evidence has the id and its position"
 
     def asked(self, prompt: Prompt) -> bool:

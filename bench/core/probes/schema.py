@@ -36,6 +36,7 @@ class Schema(ContractProbe):
     reason = Reason.SCHEMA_VIOLATED
     evidence = SchemaMiss
     signature = "structured-output-not-enforced"
+    reweights = True
     description = ("a structured-output answer (`json_schema`, sent in the prompt's `schema_field`) does not parse "
                    "as JSON or does not validate against the schema; the evidence has the field, the error, the "
                    "finish_reason and the text's start. An answer cut at max_tokens counts: size a probe's schema so "

@@ -76,6 +76,7 @@ class Tools(ContractProbe):
     reason = Reason.TOOL_CALL_INVALID
     evidence = ToolCallMiss
     signature = "tool-call-invalid"
+    reweights = True
     description = ("a chat prompt with `tools` got an answer that breaks its `tool_choice`: a forced choice "
                    "(`required`, or a tool's name) without a call, a call to another function, arguments that do "
                    "not parse as JSON or, for a `strict` tool, do not validate against its `parameters`; or `none` "
