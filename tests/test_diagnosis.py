@@ -597,3 +597,102 @@ def test_a_promise_broken_only_by_a_later_choice_is_named_n_choices_lose_request
     both = [later, later.model_copy(update={"choice": None})]
     matched = names(evidence(c, "safetensors", findings=both))
     assert "n-choices-lose-request" not in matched and matched[0] == "stop-string-ignored"
+
+
+# ---- causes once misnamed (issue #46): a usage undercount, a stream-only failure, a knob-only one ------
+
+def test_a_usage_that_undercounts_the_tokens_sent_is_its_own_cause_not_empty_text():
+    from bench.core.verdicts import UsageMismatch
+
+    under = Finding(reason="usage_text_mismatch", prompt_id="p", evidence=UsageMismatch(
+        usage_tokens=12, token_ids=16, text_chars=40))
+    c = cell("safetensors", "s16", "fail", {"usage_text_mismatch": 2})
+    matched = names(evidence(c, "safetensors", findings=[under]))
+    assert matched[0] == "usage-undercount" and "empty-text-normal-tokens" not in matched
+    (m,) = [m for m in diagnose_cell(evidence(c, "safetensors", findings=[under]), list(SIGNATURES.values())).matches
+            if m.signature == "usage-undercount"]
+    assert "p: 16 token ids, usage says 12" in [e.says for e in m.supports]
+    # Usage above the ids is no undercount; empty text for counted tokens is still the text lost.
+    over = under.model_copy(update={"evidence": UsageMismatch(usage_tokens=20, token_ids=16, text_chars=40)})
+    assert "usage-undercount" not in names(evidence(c, "safetensors", findings=[over]))
+    lost = Finding(reason="usage_text_mismatch", prompt_id="p", evidence=UsageMismatch(
+        usage_tokens=16, token_ids=16, text_chars=0))
+    empty = cell("safetensors", "s16", "fail", {"empty_text": 2, "usage_text_mismatch": 2})
+    matched = names(evidence(empty, "safetensors", findings=[lost]))
+    assert matched[0] == "empty-text-normal-tokens" and "usage-undercount" not in matched
+
+
+def _schema_miss(prompt: str) -> Finding:
+    from bench.core.verdicts import SchemaMiss
+
+    return Finding(reason="schema_violated", prompt_id=prompt, evidence=SchemaMiss(
+        error="Expecting value", parsed=False, finish_reason="length", answer="Once upon"))
+
+
+def test_a_schema_broken_only_in_streamed_answers_is_named_so_not_batching():
+    """The streamed answer breaks its schema, its whole twin keeps it; the two differ by tokens.
+    The prefix-cache counter counted hits, so neither batching nor the cache is ruled out by it."""
+    streamed = TwinsDiffer(other_prompt_id="schema", position=0, token=99, other_token=3, streamed=True,
+                           other_streamed=False)
+    twins = Finding(reason="inconsistent_output", prompt_id="schema-stream", evidence=streamed)
+    c = cell("safetensors", "s16", "fail", {"schema_violated": 1, "inconsistent_output": 1, "divergence": 1})
+    kw = {"stream_twins": {"schema-stream": ["schema"]}, "prefix_cache_hits": [256.0]}
+    matched = names(evidence(c, "safetensors", findings=[_schema_miss("schema-stream"), twins], **kw))
+    assert matched[0] == "broken-only-when-streamed", matched
+    assert not {"batch-dependent-output", "prefix-cache-corruption"} & set(matched)
+    # Broken whole as well: not the stream's doing.
+    both = [_schema_miss("schema-stream"), _schema_miss("schema"), twins]
+    assert "broken-only-when-streamed" not in names(evidence(c, "safetensors", findings=both, **kw))
+    # A streamed answer with no whole twin cannot tell.
+    alone = names(evidence(c, "safetensors", findings=[_schema_miss("schema-stream"), twins],
+                           stream_twins={"schema-stream": []}))
+    assert "broken-only-when-streamed" not in alone
+    # Twins of other tokens that were both answered whole are still batching's or the cache's.
+    whole = Finding(reason="inconsistent_output", prompt_id="p-again", evidence=TwinsDiffer(
+        other_prompt_id="p", position=2, token=5, other_token=6, streamed=False, other_streamed=False))
+    matched = names(evidence(c, "safetensors", findings=[_schema_miss("schema-stream"), twins, whole], **kw))
+    assert matched[0] == "batch-dependent-output" and "broken-only-when-streamed" in matched
+
+
+def test_a_fault_only_under_one_knob_is_named_so():
+    base = cell("safetensors", "s16").model_copy(update={"baseline_id": None})
+
+    def knobbed(knob: str) -> CellSummary:
+        return cell("safetensors", f"s16+{knob}", "fail", {"invariance_broken": 2}).model_copy(
+            update={"knob": knob, "baseline_id": base.cell_id})
+
+    compiled = knobbed("compiled")
+    (c,) = contrast([base, compiled])
+    assert c.only_under_knob == "compiled"
+    assert c.describe().startswith("fails only under knob compiled: the same cell without it passes")
+    d = diagnose_cell(evidence(compiled, "safetensors", contrast=c), list(SIGNATURES.values()))
+    assert [m.signature for m in d.matches] == ["fails-only-under-knob"]
+    assert d.matches[0].supports[0].says == "fails only under knob compiled: the same cell without it passes"
+    # The cell without the knob fails too: the knob is not what breaks it.
+    failing = base.model_copy(update={"verdict": Verdict.FAIL, "failures": 2, "reasons": {"divergence": 2}})
+    (c,) = [x for x in contrast([failing, compiled]) if x.cell_id == compiled.cell_id]
+    assert c.only_under_knob is None
+    assert "fails-only-under-knob" not in names(evidence(compiled, "safetensors", contrast=c))
+    # A knob with a cause of its own (serial: batching) is named by it first.
+    serial = knobbed("serial")
+    (c,) = contrast([base, serial])
+    assert names(evidence(serial, "safetensors", contrast=c)) == ["batch-dependent-output", "fails-only-under-knob"]
+
+
+def test_the_stream_twins_are_the_prompts_of_the_same_request_the_cell_sent_whole():
+    from bench.core.config import parse_config
+    from bench.core.matrix import expand
+    from bench.core.records import RequestRecord
+    from bench.store.evidence import _stream_twins
+
+    from . import synth
+
+    spec = synth.matrix()
+    spec["workload"]["prompts"] = [{"id": "schema", "prompt": "p", "json_schema": {"enum": ["yes", "no"]}},
+                                   {"id": "schema-stream", "prompt": "p", "json_schema": {"enum": ["yes", "no"]},
+                                    "stream": True},
+                                   {"id": "plain-stream", "prompt": "p", "stream": True}]
+    (c, *_) = expand(parse_config(spec))
+    sent = [RequestRecord(cell_id=c.id, repeat=1, prompt_id=p.id, api="completion", stream=p.stream, started_at=0.0,
+                          latency_s=0.1) for p in c.workload.prompts]
+    assert _stream_twins(c, sent) == {"plain-stream": [], "schema-stream": ["schema"]}

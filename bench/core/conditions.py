@@ -128,6 +128,8 @@ class CellEvidence(_Strict):
     inspect: PreflightRecord | None = None
     audit: PreflightRecord | None = None
     short_finish_reasons: list[str] = []  # finish_reason of each request shorter than min_tokens
+    # Each prompt whose requests the cell streamed: the prompts of the same request it sent whole.
+    stream_twins: dict[str, list[str]] = {}
     findings: list[Finding] = []  # the judged runs' findings as the verdict found them, with their evidence
     # What a signature's confirm command is filled with: model, python, pythonpath, cell, config.
     command_vars: dict[str, str] = {}
@@ -548,3 +550,7 @@ class AllCondition(Condition):
         yield self
         for c in self.all:
             yield from c.walk()
+
+
+# The conditions of that module register themselves with these (it imports this one).
+from bench.core import answer_conditions as _answer_conditions  # noqa: E402, F401

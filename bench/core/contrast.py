@@ -40,9 +40,13 @@ class Contrast(Record):
     passing_neighbours: list[Neighbour]
     fingerprint: list[FingerprintDifference]
     varying: list[str] = []  # the axes with more than one value among the judged cells
+    # A knob's cell whose original (the same cell without the knob) passes: that knob.
+    only_under_knob: str | None = None
 
     def describe(self) -> str:
         parts = []
+        if self.only_under_knob:
+            parts.append(f"fails only under knob {self.only_under_knob}: the same cell without it passes")
         if self.only_with:
             parts.append("fails only with " + " and ".join(f"{k}={v}" for k, v in self.only_with.items()))
         if self.passing_neighbours:
@@ -80,8 +84,10 @@ def contrast(cells: list[CellSummary], fingerprints: Sequence[Fingerprint] = ())
             for p in passing for a in AXES
             if getattr(p, a) != mine[a] and all(getattr(p, b) == mine[b] for b in AXES if b != a)
         ]
+        original = next((c for c in judged if cell.knob and c.cell_id == cell.baseline_id), None)
         out.append(Contrast(cell_id=cell.cell_id, only_with=only, passing_neighbours=neighbours,
-                            fingerprint=_fingerprint(cell, passing, prints), varying=varying))
+                            fingerprint=_fingerprint(cell, passing, prints), varying=varying,
+                            only_under_knob=cell.knob if original and original.verdict == Verdict.PASS else None))
     return out
 
 

@@ -96,7 +96,7 @@ def gather(
             inspect=next((p for p in preflights if p.kind == "inspect" and p.model == cell.model.name), None),
             audit=next((p for p in preflights if p.kind == "audit" and p.model == cell.model.name
                         and p.image == matrix_image(cell.image.name) and p.load_format == cell.load_format.name), None),
-            short_finish_reasons=short,
+            short_finish_reasons=short, stream_twins=_stream_twins(cell, [q for q in requests if q.cell_id == s.cell_id]),
             findings=[f for r in s.run_results for f in r.findings],  # as the verdict found them
             command_vars={"model": cell.model.path, "python": cell.image.python,
                           "pythonpath": " ".join(cell.image.pythonpath) or "''", "cell": cell.id,
@@ -111,6 +111,15 @@ def diagnose_results(
 ) -> Diagnosis:
     evidence = gather(results_path, config, summary, runs, requests, fingerprints)
     return diagnose(evidence, load_signatures(*(Path(d) for d in config.signatures)))
+
+
+def _stream_twins(cell: Cell, requests: list[RequestRecord]) -> dict[str, list[str]]:
+    """Each prompt the cell's requests streamed (a knob may have turned that around): the prompts
+    of the same request (Prompt.content) it sent whole."""
+    content = {p.id: p.content() for p in cell.workload.prompts}
+    whole = {q.prompt_id for q in requests if not q.stream}
+    return {p: sorted(w for w in whole if content.get(w) is not None and content.get(w) == content.get(p))
+            for p in sorted({q.prompt_id for q in requests if q.stream})}
 
 
 def _audit_where(cell: Cell) -> str:
