@@ -74,13 +74,15 @@ FAULTS = {
                                "without its arguments; a stop string that says finish_reason length; the choices "
                                "after the first losing their stops (vllm#17975); a stream's non-ASCII characters as "
                                "U+FFFD"),
-    "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one",
+    "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, temperature_ignored",
                         "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
-                        "`min_tokens` (vllm#15967's family)"),
-    # The tiny matrix's: the three above and stream_repeats_prompt, each on a prompt of its own.
-    "contract-and-stream-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, stream_repeats_prompt",
+                        "`min_tokens` (vllm#15967's family); the temperature ignored (vllm#15241)"),
+    # The tiny matrix's: the four above and stream_repeats_prompt, each on prompts of its own.
+    "contract-and-stream-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, stream_repeats_prompt, "
+                                   "temperature_ignored",
                                    "stop strings let through; a schema dropped (vllm#53975); EOS one token "
-                                   "before `min_tokens`; vllm#48853: the first stream delta repeats the prompt"),
+                                   "before `min_tokens`; vllm#48853: the first stream delta repeats the prompt; "
+                                   "the temperature ignored (vllm#15241)"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
 # A knob's cell (the matrix's `invariance`): the faulty image with the setting the fault needs
@@ -252,7 +254,8 @@ OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
             "min_tokens_off_by_one": "short_output", "stream_repeats_prompt": "inconsistent_output",
             "seed_ignored": "seed_not_reproducible", "logit_bias_ignored": "banned_token",
             "tool_args_dropped_streaming": "tool_call_invalid", "stop_reports_length": "finish_reason_mismatch",
-            "n_children_lose_stop": "stop_ignored", "stream_mangles_utf8": "inconsistent_output"}
+            "n_children_lose_stop": "stop_ignored", "stream_mangles_utf8": "inconsistent_output",
+            "temperature_ignored": "sampling_ignored"}
 
 
 def test_faults_sharing_a_server_are_each_caught_by_their_own_rule(measured):

@@ -30,7 +30,8 @@ class Sampling(Strict):
 class SamplingFields(Strict):
     sampling: Sampling | None = Field(
         default=None, description="sample this prompt at `temperature` with `seed` instead of the workload's; "
-                                  "write it twice (twins) to check that a seed reproduces (`seed_not_reproducible`)")
+                                  "write it twice (twins) to check that a seed reproduces (`seed_not_reproducible`); "
+                                  "its answer is held to being sampled (`sampling_ignored`, from its `min_tokens` on)")
 
 
 @register
