@@ -61,19 +61,20 @@ FAULTS = {
     "early-eos": ("early_eos", "vllm#15967: EOS before `min_tokens`"),
     "nan-logits": ("nan_logits", "vllm#14126: NaN logits, every token the same id"),
     "params-ignored": ("seed_ignored, logit_bias_ignored, stop_reports_length, n_children_lose_stop, "
-                       "stream_mangles_utf8",
+                       "stream_mangles_utf8, stop_before_min_tokens, n_children_lose_allowed",
                        "request parameters ignored: vllm#21310, a seeded request not reproducible, and a logit_bias "
                        "not applied (vllm#15241's family); a stop string that says finish_reason length; the "
-                       "choices after the first losing their stops (vllm#17975); a stream's non-ASCII characters "
-                       "as U+FFFD"),
+                       "choices after the first losing their stops and their allow-list (vllm#17975); a stream's "
+                       "non-ASCII characters as U+FFFD; a stop string before min_tokens (vllm#21987)"),
     # The real model's: the four above and a streamed tool call's arguments.
     "params-and-tool-faults": ("seed_ignored, logit_bias_ignored, tool_args_dropped_streaming, stop_reports_length, "
-                               "n_children_lose_stop, stream_mangles_utf8",
+                               "n_children_lose_stop, stream_mangles_utf8, stop_before_min_tokens, "
+                               "n_children_lose_allowed",
                                "request parameters ignored: vllm#21310, a seeded request not reproducible, and a "
                                "logit_bias not applied (vllm#15241's family); vllm#47901, a streamed tool call "
                                "without its arguments; a stop string that says finish_reason length; the choices "
-                               "after the first losing their stops (vllm#17975); a stream's non-ASCII characters as "
-                               "U+FFFD"),
+                               "after the first losing their stops and their allow-list (vllm#17975); a stream's "
+                               "non-ASCII characters as U+FFFD; a stop string before min_tokens (vllm#21987)"),
     "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, temperature_ignored",
                         "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
                         "`min_tokens` (vllm#15967's family); the temperature ignored (vllm#15241)"),
@@ -255,7 +256,8 @@ OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
             "seed_ignored": "seed_not_reproducible", "logit_bias_ignored": "banned_token",
             "tool_args_dropped_streaming": "tool_call_invalid", "stop_reports_length": "finish_reason_mismatch",
             "n_children_lose_stop": "stop_ignored", "stream_mangles_utf8": "inconsistent_output",
-            "temperature_ignored": "sampling_ignored"}
+            "temperature_ignored": "sampling_ignored", "stop_before_min_tokens": "short_output",
+            "n_children_lose_allowed": "token_not_allowed"}
 
 
 def test_faults_sharing_a_server_are_each_caught_by_their_own_rule(measured):

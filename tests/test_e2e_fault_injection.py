@@ -312,10 +312,12 @@ def contract_server(tmp_path_factory):
 @pytest.fixture(scope="class")
 def tool_server(tmp_path_factory):
     # Without schema_dropped: a tool call is structured output, which it takes away. The others
-    # touch only answers a stop string ended, the choices after the first, and non-ASCII text in
-    # streams (the tool call's arguments here are ASCII).
+    # touch only answers a stop string ended, requests with both a stop string and min_tokens,
+    # the choices after the first, and non-ASCII text in streams (the tool call's arguments here
+    # are ASCII).
     yield from fault_server(tmp_path_factory,
-                            "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop,stream_mangles_utf8")
+                            "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop,stream_mangles_utf8,"
+                            "stop_before_min_tokens,n_children_lose_allowed")
 
 
 @pytest.fixture(scope="class")
@@ -479,11 +481,12 @@ class TestContractFaults:
 @needs_canary
 class TestApiServerFaults:
     """tool_args_dropped_streaming (the hermes parser's stream), stop_reports_length (the output
-    processor's finish), n_children_lose_stop (an n > 1 request's children) and stream_mangles_utf8
-    (a stream's deltas), all in the API server, on one tool_server."""
+    processor's finish), n_children_lose_stop and n_children_lose_allowed (an n > 1 request's
+    children), stream_mangles_utf8 (a stream's deltas) and stop_before_min_tokens (the
+    detokenizer's stop strings), all in the API server, on one tool_server."""
 
     @pytest.mark.parametrize("fault", ["tool_args_dropped_streaming", "stop_reports_length", "n_children_lose_stop",
-                                       "stream_mangles_utf8"])
+                                       "stream_mangles_utf8", "stop_before_min_tokens", "n_children_lose_allowed"])
     def test_it_arms_in_the_api_server(self, tool_server, fault):
         (line,) = tool_server.armed_in(fault)
         assert not engine_side(line), line
@@ -526,6 +529,33 @@ class TestApiServerFaults:
               f"{[(c['text'][:40], c['finish_reason'], c['stop_reason']) for c in broken]}")
         assert all("e" not in c["text"] and c["stop_reason"] == "e" for c in kept)
         assert "e" not in broken[0]["text"] and "e" in broken[1]["text"] and broken[1]["stop_reason"] is None
+
+    def test_stop_before_min_tokens_ends_the_answer_inside_min_tokens(self, tool_server, healthy):
+        stop = {"stop": ["e"], "min_tokens": 8, "max_tokens": 16}
+        kept, broken = healthy.complete(PROMPT, **stop), tool_server.complete(PROMPT, **stop)
+        print(f"\nstop_before_min_tokens: stop 'e', min_tokens 8: healthy {kept['text']!r} "
+              f"({len(kept['token_ids'])} ids, {kept['finish_reason']}); faulty {broken['text']!r} "
+              f"({len(broken['token_ids'])} ids, {broken['finish_reason']}, {broken['stop_reason']!r})")
+        assert len(kept["token_ids"]) >= 8 and "e" in kept["text"]  # an "e" inside the first 8 does not stop it
+        # Ended at the string (stop_reports_length, on this server too, says `length` there).
+        assert len(broken["token_ids"]) < 8 and "e" not in broken["text"]
+
+    def test_n_children_lose_allowed_lets_the_second_choice_sample_the_whole_vocabulary(self, tool_server, healthy):
+        allowed = list(range(100, 140))
+        request = {"model": "tiny", "prompt": "Once upon a time", "n": 2, "temperature": 0.8, "seed": 11,
+                   "allowed_token_ids": allowed, "max_tokens": 16, "min_tokens": 16, "return_token_ids": True}
+
+        def outside(server: Vllm) -> list[int]:
+            r = server.client.post("/v1/completions", json=request)
+            assert r.status_code == 200, r.text
+            choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+            return [sum(t not in allowed for t in c["token_ids"]) for c in choices]
+
+        kept, broken = outside(healthy), outside(tool_server)
+        print(f"\nn_children_lose_allowed: 40 ids allowed, n 2: ids outside them, per choice: healthy {kept}, "
+              f"faulty {broken}")
+        assert kept == [0, 0]
+        assert broken[0] == 0 and broken[1] > 0
 
     def test_tool_args_dropped_streaming_streams_a_call_without_its_arguments(self, tool_server, healthy):
         kept, kept_streamed = healthy.tool_call(stream=False), healthy.tool_call(stream=True)

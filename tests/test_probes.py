@@ -7,7 +7,7 @@ import pytest
 
 from bench.core.config import Workload
 from bench.core.judge import judge_request, judge_twins
-from bench.core.records import RequestRecord
+from bench.core.records import Choice, RequestRecord
 from bench.core.tokens import EXACT, TokenLogprobs, comparator_for
 from bench.serve.launch import HOST
 
@@ -56,9 +56,23 @@ def test_an_empty_text_that_no_stop_string_explains_is_still_empty_text():
     assert "empty_text" in reasons(found) and "usage_text_mismatch" in reasons(found)
 
 
-def test_stop_with_min_tokens_is_refused_at_parse_time():
-    with pytest.raises(ValueError, match="stop strings only after"):
-        workload({"id": "stop", "stop": ["e"], "min_tokens": 4})
+def test_stop_with_min_tokens_holds_the_answer_to_them_and_searches_no_text():
+    w = workload({"id": "stop", "stop": ["e"], "min_tokens": 8, "max_tokens": 16})
+    assert w.prompts[0].request(w).min_tokens == 8
+    # vLLM looks for "e" from token 8 on: the first eight tokens may hold it.
+    kept = req("stop", text="ata makevege mak", token_ids=list(range(10)), completion_tokens=10, choice_tokens=[10],
+               finish_reason="stop", stop_reason="e")
+    assert judge_request(kept, w) == []
+    # vllm#21987: the stop string honoured before min_tokens ends the answer short.
+    early = req("stop", text="ata mak", token_ids=[1, 2, 3], completion_tokens=3, choice_tokens=[3],
+                finish_reason="stop", stop_reason="e")
+    assert reasons(judge_request(early, w)) == ["short_output"]
+    # Each choice of n > 1 is held to it.
+    two = workload({"id": "stop", "stop": ["e"], "min_tokens": 8, "max_tokens": 16, "n": 2,
+                    "sampling": {"temperature": 0.8, "seed": 1}})
+    both = kept.model_copy(update={"choice_tokens": [10, 3], "completion_tokens": 13, "choices": [
+        Choice(index=1, text="ata mak", token_ids=[1, 2, 3], finish_reason="stop", stop_reason="e")]})
+    assert [(f.reason.value, f.choice) for f in judge_request(both, two)] == [("short_output", 1)]
 
 
 def test_a_banned_token_that_comes_is_banned_token_and_a_plus_bias_is_no_ban():

@@ -47,6 +47,7 @@ class Reason(StrEnum):
     FINISH_REASON_MISMATCH = "finish_reason_mismatch"
     STOP_TOKEN_IGNORED = "stop_token_ignored"
     SAMPLING_IGNORED = "sampling_ignored"
+    TOKEN_NOT_ALLOWED = "token_not_allowed"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -337,6 +338,20 @@ class SampledAsGreedy(_Evidence):
                 f"logprobs a chance of at most 1e{self.log10_chance:.0f}, under the bound 1e{self.log10_bound:.0f}")
 
 
+class TokenNotAllowed(_Evidence):
+    """token_not_allowed."""
+
+    kind: Literal["token_not_allowed"] = "token_not_allowed"
+    token: int  # the first id outside the allow-list
+    position: int  # where it came, 0-based
+    count: int  # how many of the answer's ids were outside it
+    allowed: int  # how many ids the list allowed
+
+    def text(self) -> str:
+        return (f"token {self.token} at {self.position} is not among the {self.allowed} allowed ids "
+                f"({self.count} of the answer's ids are not)")
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -510,7 +525,7 @@ Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken |
     ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
     CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
-    SampledAsGreedy |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
+    SampledAsGreedy | TokenNotAllowed |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

@@ -39,6 +39,8 @@ FAULTS = (
     "n_children_lose_stop",
     "stream_mangles_utf8",
     "temperature_ignored",
+    "stop_before_min_tokens",
+    "n_children_lose_allowed",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"

@@ -15,6 +15,7 @@ from bench.core.probes.base import PROBES, ContractProbe, register
 # isort: off
 from bench.core.probes import stop
 from bench.core.probes import logit_bias
+from bench.core.probes import allowed_token_ids
 from bench.core.probes import prompt_repeated
 from bench.core.probes import tools
 from bench.core.probes import choices
@@ -29,6 +30,7 @@ from bench.core.probes import stop_token_ids
 __all__ = [
            "PROBES",
            "ContractProbe",
+           "allowed_token_ids",
            "choices",
            "finish_reason",
            "logit_bias",

@@ -20,7 +20,8 @@ class StopFields(Strict):
         default=None, min_length=1, max_length=8,
         description="stop strings: the text must never contain one (`stop_ignored`). vLLM looks for them only "
                     "once `min_tokens` are out, so such a prompt asks for none unless it says otherwise; a common "
-                    "letter (`e`) is hit by any model")
+                    "letter (`e`) is hit by any model. With its own `min_tokens`, the answer must still reach them "
+                    "(`short_output`, vllm#21987), and the text is not searched (the first tokens may hold one)")
 
 
 @register
@@ -31,17 +32,12 @@ class Stop(ContractProbe):
     evidence = StopPassed
     signature = "stop-string-ignored"
     description = ("the text contains one of the prompt's stop strings: the server did not stop there (vLLM looks "
-                   "for them once min_tokens are out, and a stop probe asks for none). The evidence has the "
-                   "string, where it is, and the finish_reason")
+                   "for them once min_tokens are out, and a stop probe asks for none unless it gives its own: then "
+                   "the text is not searched, and an answer the stop string ended before min_tokens is "
+                   "`short_output`, vllm#21987). The evidence has the string, where it is, and the finish_reason")
 
     def asked(self, prompt: Prompt) -> bool:
         return bool(prompt.stop)
-
-    def problem(self, prompt: Prompt) -> str | None:
-        if prompt.stop and prompt.min_tokens:
-            return ("a prompt with `stop` asks for no `min_tokens`: vLLM looks for stop strings only after them, "
-                    "and the probe holds the whole text to them")
-        return None
 
     def shape(self, prompt: Prompt, shape: RequestShape) -> RequestShape:
         # vLLM looks for stop strings only once min_tokens are out.
@@ -60,6 +56,11 @@ class Stop(ContractProbe):
         return frozenset()
 
     def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[StopPassed]:
+        if shape.min_tokens:
+            # vLLM looks for stop strings from the text of token min_tokens on, which the client
+            # cannot place: those first tokens may hold one. The answer's length holds the promise
+            # that they came at all (short_output, vllm#21987).
+            return []
         text = req.text or ""
         found = [(text.find(s), s) for s in prompt.stop or [] if s in text]
         if not found:
