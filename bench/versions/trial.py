@@ -25,7 +25,9 @@ from bench.core.config import CellFilter, Config, Image
 from bench.core.errors import RegbenchError
 from bench.core.matrix import Cell, expand
 from bench.core.stop import StopToken
+from bench.core.verdicts import Verdict
 from bench.runner import NoProgress, Progress, run_matrix
+from bench.serve.images import ImageUnavailable
 from bench.store.publish import open_results
 from bench.store.results import ResultsDir, ResultsError
 from bench.versions.model import (
@@ -38,6 +40,7 @@ from bench.versions.model import (
     cell_kind,
     settled,
 )
+from bench.versions.releases import DEFAULT_IMAGE, ReleaseError, ensure_venv, image_ref, own_venv
 from bench.versions.render import markdown
 from bench.weights.audit import audit_checkpoint
 from bench.weights.errors import ReaderError
@@ -112,15 +115,21 @@ class AuditTrial:
 @dataclass(frozen=True)
 class CellTrial:
     """One cell of a matrix, booted fresh per repeat, with one axis set to each version in turn:
-    a runai-model-streamer overlay first on the cell's image's PYTHONPATH (local images), or one
-    of the matrix's images by name (vLLM releases as venvs, container image tags)."""
+    a runai-model-streamer overlay first on the cell's image's PYTHONPATH (local images), one
+    of the matrix's images by name (vLLM releases as venvs, container image tags), or a vLLM
+    release (`vllm`): the cell's image with its Python swapped for that release's cached venv
+    (local), or its reference for the template's tag (docker); the rest of the image kept."""
 
     config: Config
     cell: Cell
-    axis: str  # "runai-model-streamer" or "image"
+    axis: str  # "runai-model-streamer", "image" or "vllm"
     cache: Path
     progress: Progress | None = None
     stop: StopToken | None = None
+    vllm_cache: Path | None = None  # axis vllm, local: where release venvs are (bench.versions.releases)
+    vllm_image: str = DEFAULT_IMAGE  # axis vllm, docker: the tag template
+    installer: tuple[str, ...] | None = None  # axis vllm: the install command (default setup-vllm.sh --venv)
+    say: Callable[[str], None] | None = None  # what a long install tells while it runs
 
     def describe(self) -> str:
         return f"cell {self.cell.id} of {self.config.name} ({self.cell.model.name}, {self.cell.load_format.name})"
@@ -132,12 +141,27 @@ class CellTrial:
                 raise VersionsError(f"no image {version!r} in {self.config.name}: "
                                     f"{', '.join(i.name for i in self.config.images)}")
             return found[0]
+        if self.axis == "vllm":
+            return self.release_image(version)
         if self.cell.image.ref is not None:
             raise VersionsError(f"{self.cell.image.name} is a container image: streamer overlays are for local "
                                 "images; map container images by tag (--image) instead")
         overlay = ensure_overlay(self.cell.image.python, self.cache, version)
         return self.cell.image.model_copy(update={
             "name": f"streamer-{version}", "pythonpath": [str(overlay), *self.cell.image.pythonpath]})
+
+    def release_image(self, version: str) -> Image:
+        """The cell's image serving vLLM `version`: a setup-vllm.sh venv the image already is, else
+        the release's venv in the cache (installed now if need be); in a container, the tag."""
+        base = self.cell.image
+        name = f"vllm-{version}"
+        if base.ref is not None:
+            return base.model_copy(update={"name": name, "ref": image_ref(self.vllm_image, version)})
+        if self.vllm_cache is None:
+            raise VersionsError("a vLLM release map needs a cache folder for the releases' venvs")
+        venv = own_venv(base.python, version) or ensure_venv(self.vllm_cache, version, self.installer,
+                                                             self.say or (lambda s: None))
+        return base.model_copy(update={"name": name, "python": str(venv / "bin" / "python")})
 
     def trial_config(self, image: Image, plan: Plan) -> Config:
         only = CellFilter(model=self.cell.model.name, load_format=self.cell.load_format.name,
@@ -152,7 +176,7 @@ class CellTrial:
         rel = _relative(folder)
         try:
             image = self.image_for(version)
-        except OverlayError as exc:
+        except (OverlayError, ReleaseError) as exc:
             return Outcome(version=version, kind=Kind.NOT_INSTALLED, detail=str(exc), folder=rel)
         done: frozenset[tuple[str, int]] = frozenset()
         if (folder / "config.yaml").is_file():
@@ -167,9 +191,18 @@ class CellTrial:
             folder.parent.mkdir(parents=True, exist_ok=True)
             results = ResultsDir.create(folder.parent, folder.name, config)
         cells = expand(config)
-        summary = run_matrix(config, cells, results, progress=self.progress or NoProgress(), done=done,
-                             stop=self.stop, settled=lambda f, n, planned: settled(f, n, plan)).summary
+        try:
+            summary = run_matrix(config, cells, results, progress=self.progress or NoProgress(), done=done,
+                                 stop=self.stop, settled=lambda f, n, planned: settled(f, n, plan)).summary
+        except ImageUnavailable as exc:
+            if self.axis != "vllm":
+                raise
+            # A release's tag the registry would not give: nothing said of that release.
+            return Outcome(version=version, kind=Kind.NOT_INSTALLED, detail=str(exc), folder=rel)
         [cell] = summary.cells
+        if cell.verdict == Verdict.NOT_RUNNABLE:  # no server could start here: nothing said of vLLM
+            return Outcome(version=version, kind=Kind.NOT_INSTALLED, detail=cell.example or "not runnable here",
+                           folder=rel)
         if cell.runs == 0 or (summary.interrupted and not settled(cell.failures, cell.runs, plan)):
             return None
         kind = cell_kind(set(cell.reasons)) if cell.failures else Kind.PASSES

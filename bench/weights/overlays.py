@@ -74,16 +74,16 @@ def ensure_overlay(python: str, cache: Path, version: str) -> Path:
     return target
 
 
-def available_versions(python: str) -> list[str]:
-    """Every release the machine's index has, oldest first (pip's own `index versions`)."""
+def available_versions(python: str, package: str = PACKAGE) -> list[str]:
+    """Every release of `package` the machine's index has, oldest first (pip's own `index versions`)."""
     try:
-        done = subprocess.run([python, "-m", "pip", "index", "versions", "--disable-pip-version-check", PACKAGE],
+        done = subprocess.run([python, "-m", "pip", "index", "versions", "--disable-pip-version-check", package],
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise OverlayError(f"cannot list {PACKAGE} releases with {python}: {exc}") from None
+        raise OverlayError(f"cannot list {package} releases with {python}: {exc}") from None
     found = re.search(r"^Available versions:\s*(.+)$", done.stdout, re.MULTILINE)
     if done.returncode != 0 or found is None:
-        raise OverlayError(f"cannot list {PACKAGE} releases with {python} -m pip index versions:\n"
+        raise OverlayError(f"cannot list {package} releases with {python} -m pip index versions:\n"
                            + (done.stderr or done.stdout).strip()[-500:])
     return sort_versions(v.strip() for v in found.group(1).split(","))
 
@@ -95,7 +95,7 @@ def sort_versions(versions) -> list[str]:
         raise OverlayError(str(exc)) from None
 
 
-def select_versions(spec: str, available: list[str] | None) -> list[str]:
+def select_versions(spec: str, available: list[str] | None, package: str = PACKAGE) -> list[str]:
     """`A..B`: every release from A to B inclusive (`available` must be given), final releases
     only; otherwise a comma-separated list, kept in the order written."""
     if ".." in spec:
@@ -108,7 +108,7 @@ def select_versions(spec: str, available: list[str] | None) -> list[str]:
             raise OverlayError(f"{spec!r}: a range needs the release list")
         out = [v for v in available if lo <= Version(v) <= hi and not Version(v).is_prerelease]
         if not out:
-            raise OverlayError(f"no {PACKAGE} release between {low} and {high}")
+            raise OverlayError(f"no {package} release between {low} and {high}")
         return out
     out = [v.strip() for v in spec.split(",") if v.strip()]
     for v in out:
