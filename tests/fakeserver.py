@@ -90,6 +90,11 @@ class FakeServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/tokenize":
+                    # One id a character (the code point), as a tokenizer without merges would.
+                    if outer.mode == "notokenize":
+                        return self._send(404, b'{"detail": "Not Found"}')
+                    return self._send(200, json.dumps({"tokens": [ord(c) for c in body["prompt"]]}).encode())
                 outer.requests.append(body)
                 if outer.on_request is not None:
                     outer.on_request()

@@ -115,3 +115,17 @@ def test_nobody_listening_is_a_connection_error(workload, fault):
     assert {r.error_kind for r in records} == {ErrorKind.CONNECTION}
     fault(", ".join(sorted({f.reason for r in records for f in judge_request(r, workload)})),
           records_lost=len(workload.prompts) - len(records))
+
+
+@pytest.mark.parametrize("mode", ["ok", "notokenize"])
+def test_bad_words_are_sent_and_their_ids_asked_of_the_servers_tokenizer(minimal, mode):
+    minimal["workload"]["prompts"] = [{"id": "b", "prompt": "x", "bad_words": ["hi", " ok"]}, {"id": "p", "prompt": "x"}]
+    w = parse_config(minimal).workload
+    with FakeServer(mode) as server:
+        records = send(server, w)
+    assert [b.get("bad_words") for b in server.requests] in (
+        [["hi", " ok"], None], [None, ["hi", " ok"]])
+    # The fake spells one id a character: " hi" is longer than "hi", so only "hi" itself is banned
+    # (vLLM's rule); a server that will not tokenize leaves the answer unjudged on it.
+    expected = {"hi": [[104, 105]], " ok": [[111, 107]]} if mode == "ok" else None
+    assert records["b"].bad_words_ids == expected and records["p"].bad_words_ids is None

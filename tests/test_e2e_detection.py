@@ -75,15 +75,18 @@ FAULTS = {
                                "without its arguments; a stop string that says finish_reason length; the choices "
                                "after the first losing their stops and their allow-list (vllm#17975); a stream's "
                                "non-ASCII characters as U+FFFD; a stop string before min_tokens (vllm#21987)"),
-    "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, temperature_ignored",
+    "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, temperature_ignored, "
+                        "n_children_lose_bad_words",
                         "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
-                        "`min_tokens` (vllm#15967's family); the temperature ignored (vllm#15241)"),
+                        "`min_tokens` (vllm#15967's family); the temperature ignored (vllm#15241); the choices "
+                        "after the first losing their bad_words (vllm#17975's family)"),
     # The tiny matrix's: the four above and stream_repeats_prompt, each on prompts of its own.
     "contract-and-stream-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, stream_repeats_prompt, "
-                                   "temperature_ignored",
+                                   "temperature_ignored, n_children_lose_bad_words",
                                    "stop strings let through; a schema dropped (vllm#53975); EOS one token "
                                    "before `min_tokens`; vllm#48853: the first stream delta repeats the prompt; "
-                                   "the temperature ignored (vllm#15241)"),
+                                   "the temperature ignored (vllm#15241); the choices after the first losing "
+                                   "their bad_words (vllm#17975's family)"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
 # A knob's cell (the matrix's `invariance`): the faulty image with the setting the fault needs
@@ -257,7 +260,7 @@ OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
             "tool_args_dropped_streaming": "tool_call_invalid", "stop_reports_length": "finish_reason_mismatch",
             "n_children_lose_stop": "stop_ignored", "stream_mangles_utf8": "inconsistent_output",
             "temperature_ignored": "sampling_ignored", "stop_before_min_tokens": "short_output",
-            "n_children_lose_allowed": "token_not_allowed"}
+            "n_children_lose_allowed": "token_not_allowed", "n_children_lose_bad_words": "bad_word_generated"}
 
 
 def test_faults_sharing_a_server_are_each_caught_by_their_own_rule(measured):

@@ -317,7 +317,7 @@ def tool_server(tmp_path_factory):
     # are ASCII).
     yield from fault_server(tmp_path_factory,
                             "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop,stream_mangles_utf8,"
-                            "stop_before_min_tokens,n_children_lose_allowed")
+                            "stop_before_min_tokens,n_children_lose_allowed,n_children_lose_bad_words")
 
 
 @pytest.fixture(scope="class")
@@ -481,12 +481,13 @@ class TestContractFaults:
 @needs_canary
 class TestApiServerFaults:
     """tool_args_dropped_streaming (the hermes parser's stream), stop_reports_length (the output
-    processor's finish), n_children_lose_stop and n_children_lose_allowed (an n > 1 request's
-    children), stream_mangles_utf8 (a stream's deltas) and stop_before_min_tokens (the
+    processor's finish), n_children_lose_stop, n_children_lose_allowed and n_children_lose_bad_words
+    (an n > 1 request's children), stream_mangles_utf8 (a stream's deltas) and stop_before_min_tokens (the
     detokenizer's stop strings), all in the API server, on one tool_server."""
 
     @pytest.mark.parametrize("fault", ["tool_args_dropped_streaming", "stop_reports_length", "n_children_lose_stop",
-                                       "stream_mangles_utf8", "stop_before_min_tokens", "n_children_lose_allowed"])
+                                       "stream_mangles_utf8", "stop_before_min_tokens", "n_children_lose_allowed",
+                                       "n_children_lose_bad_words"])
     def test_it_arms_in_the_api_server(self, tool_server, fault):
         (line,) = tool_server.armed_in(fault)
         assert not engine_side(line), line
@@ -554,6 +555,27 @@ class TestApiServerFaults:
         kept, broken = outside(healthy), outside(tool_server)
         print(f"\nn_children_lose_allowed: 40 ids allowed, n 2: ids outside them, per choice: healthy {kept}, "
               f"faulty {broken}")
+        assert kept == [0, 0]
+        assert broken[0] == 0 and broken[1] > 0
+
+    def test_n_children_lose_bad_words_lets_the_second_choice_write_the_word(self, tool_server, healthy):
+        # "e" is [71] to the tiny canary's tokenizer and " e" [307] (its /tokenize): vLLM bans both.
+        # A +100 bias on 71 makes a choice without the ban write it at once.
+        assert healthy.client.post("/tokenize", json={"model": "tiny", "prompt": "e", "add_special_tokens": False}
+                                   ).json()["tokens"] == [71]
+        request = {"model": "tiny", "prompt": "Once upon a time", "n": 2, "temperature": 0.8, "seed": 11,
+                   "bad_words": ["e"], "logit_bias": {"71": 100}, "max_tokens": 16, "min_tokens": 16,
+                   "return_token_ids": True}
+
+        def banned(server: Vllm) -> list[int]:
+            r = server.client.post("/v1/completions", json=request)
+            assert r.status_code == 200, r.text
+            choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+            return [sum(t in (71, 307) for t in c["token_ids"]) for c in choices]
+
+        kept, broken = banned(healthy), banned(tool_server)
+        print(f"\nn_children_lose_bad_words: bad word 'e' (ids 71, 307), 71 pushed by +100, n 2: banned ids per "
+              f"choice: healthy {kept}, faulty {broken}")
         assert kept == [0, 0]
         assert broken[0] == 0 and broken[1] > 0
 

@@ -25,6 +25,7 @@ ASKING: dict[str, dict] = {
     "stop": {"stop": ["e"]},
     "logit_bias": {"logit_bias": {7: -100}},
     "allowed_token_ids": {"allowed_token_ids": [5, 6, 7]},
+    "bad_words": {"bad_words": ["hello"]},
     "decodes_to": {"prompt_ids": [5, 6], "decodes_to": "ab"},
     "tools": {"kind": "chat", "messages": [{"role": "user", "content": "x"}],
               "tools": [{"name": "f", "parameters": {"type": "object"}}], "tool_choice": "required"},

@@ -352,3 +352,22 @@ def test_tools_are_sent_as_function_tools_and_refused_where_they_cannot_be():
                        (tool_prompt("auto", tools=[{"name": "f", "parameters": {"type": 3}}]), "not a JSON schema")]:
         with pytest.raises(ValueError, match=words):
             workload(bad)
+
+
+def test_a_bad_word_as_the_servers_tokenizer_spells_it_is_found_on_any_choice():
+    from bench.core.probes.bad_words import banned_sequences
+    # vLLM's rule: the word, and the word after a space where that is as many tokens and starts otherwise.
+    assert banned_sequences([5, 6], [9, 6]) == [[5, 6], [9, 6]]
+    assert banned_sequences([5, 6], [9, 6, 7]) == [[5, 6]] and banned_sequences([5, 6], [5, 6]) == [[5, 6]]
+    assert banned_sequences([], [9]) == []
+    w = workload({"id": "bw", "bad_words": ["foo"], "n": 2, "sampling": {"temperature": 0.8, "seed": 1}})
+    ids = list(range(200, 264))
+    base = req("bw", token_ids=ids, completion_tokens=128, choice_tokens=[64, 64], bad_words_ids={"foo": [[7, 8], [9]]})
+    assert judge_request(base.model_copy(update={"choices": [Choice(index=1, text="w", token_ids=ids)]}), w) == []
+    hit = [*ids[:10], 7, 8, *ids[12:]]
+    (f,) = judge_request(base.model_copy(update={"choices": [Choice(index=1, text="w", token_ids=hit)]}), w)
+    assert (f.reason.value, f.choice, f.evidence.token_ids, f.evidence.position) == ("bad_word_generated", 1, [7, 8], 10)
+    # Only the sequence counts: its ids apart are no bad word, and without the server's ids nothing is told.
+    apart = [*ids[:10], 7, 1, 8, *ids[13:]]
+    assert judge_request(base.model_copy(update={"token_ids": apart}), w) == []
+    assert judge_request(base.model_copy(update={"token_ids": hit, "bad_words_ids": None}), w) == []

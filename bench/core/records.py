@@ -73,6 +73,9 @@ class RequestRecord(Record):
     # The choices after the first, in index order, each whole (n > 1); None with one choice, and in
     # records written before they were kept.
     choices: list[Choice] | None = None
+    # The token id sequences the server bans for each of the prompt's bad_words, as its own
+    # tokenizer gives them (/tokenize); None where none were asked for or it did not say.
+    bad_words_ids: dict[str, list[list[int]]] | None = None
     # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None

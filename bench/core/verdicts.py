@@ -48,6 +48,7 @@ class Reason(StrEnum):
     STOP_TOKEN_IGNORED = "stop_token_ignored"
     SAMPLING_IGNORED = "sampling_ignored"
     TOKEN_NOT_ALLOWED = "token_not_allowed"
+    BAD_WORD_GENERATED = "bad_word_generated"
     EXPECTATION_FAILED = "expectation_failed"
     REFERENCE_NLL = "reference_nll"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"
@@ -352,6 +353,18 @@ class TokenNotAllowed(_Evidence):
                 f"({self.count} of the answer's ids are not)")
 
 
+class BadWordGenerated(_Evidence):
+    """bad_word_generated."""
+
+    kind: Literal["bad_word"] = "bad_word"
+    word: str
+    token_ids: list[int] = []  # the sequence the server's tokenizer gives it, as it was generated
+    position: int  # where the sequence starts, 0-based
+
+    def text(self) -> str:
+        return f"bad word {self.word!r} was generated as ids {self.token_ids} at token {self.position}"
+
+
 class BannedToken(_Evidence):
     """banned_token."""
 
@@ -525,7 +538,7 @@ Evidence = Annotated[
     RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken |
     ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
     CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
-    SampledAsGreedy | TokenNotAllowed |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
+    SampledAsGreedy | TokenNotAllowed | BadWordGenerated |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
 ]
 

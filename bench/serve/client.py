@@ -19,6 +19,7 @@ import httpx
 import openai
 
 from bench.core.config import Prompt, Workload
+from bench.core.probes.bad_words import banned_sequences
 from bench.core.records import Choice, ErrorKind, ReferenceScore, RequestRecord, ToolCall
 from bench.core.request import request_body, sdk_arguments
 from bench.core.tokens import TokenLogprobs
@@ -261,6 +262,31 @@ async def _context_length(client: openai.AsyncOpenAI, model: str, timeout_s: flo
         return None
 
 
+async def _bad_words_ids(base_url: str, model: str, workload: Workload, timeout_s: float) -> dict[str, list[list[int]]]:
+    """The id sequences the server bans for each of the workload's bad_words, by its own tokenizer
+    (vLLM's /tokenize, as SamplingParams.update_from_tokenizer spells them); a word it would not
+    tokenize is left out (not judged)."""
+    words = sorted({w for p in workload.prompts for w in p.bad_words or []})
+    out: dict[str, list[list[int]]] = {}
+    if not words:
+        return out
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as http:
+
+        async def ids(text: str) -> list[int]:
+            r = await http.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+            r.raise_for_status()
+            return [int(t) for t in r.json()["tokens"]]
+
+        for word in words:
+            try:
+                sequences = banned_sequences(await ids(word.lstrip()), await ids(" " + word.lstrip()))
+            except (httpx.HTTPError, KeyError, TypeError, ValueError):
+                continue
+            if sequences:
+                out[word] = sequences
+    return out
+
+
 def _client(base_url: str, timeout_s: float) -> openai.AsyncOpenAI:
     # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
     timeout = openai.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
@@ -283,6 +309,7 @@ async def run_workload(
 
     async with _client(base_url, workload.request_timeout_s) as client:
         context = await _context_length(client, model, workload.request_timeout_s)
+        banned = await _bad_words_ids(base_url, model, workload, workload.request_timeout_s)
 
         async def one(prompt: Prompt) -> RequestRecord:
             async with semaphore:
@@ -301,6 +328,8 @@ async def run_workload(
                         stop_reason=first.stop_reason, choice_tokens=[r.choice_ids[i] for i in sorted(r.choice_ids)],
                         logprobs=r.logprobs, **r.timings(), tool_calls=first.tool_calls, choices=r.later(tools),
                         max_model_len=context,
+                        bad_words_ids={w: banned[w] for w in prompt.bad_words if w in banned} or None
+                        if prompt.bad_words else None,
                     )
                 except Exception as exc:
                     kind, status = _classify(exc)

@@ -41,6 +41,7 @@ FAULTS = (
     "temperature_ignored",
     "stop_before_min_tokens",
     "n_children_lose_allowed",
+    "n_children_lose_bad_words",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"

@@ -12,6 +12,7 @@ from pydantic import (
 
 from bench.core.probes import PROBES
 from bench.core.probes.allowed_token_ids import AllowedTokenIdsFields
+from bench.core.probes.bad_words import BadWordsFields
 from bench.core.probes.choices import ChoicesFields
 from bench.core.probes.finish_reason import FinishReasonFields
 from bench.core.probes.logit_bias import LogitBiasFields
@@ -102,8 +103,8 @@ class PromptCore(Strict):
         default=None, description="this prompt's `stop_token_ids` instead of the workload's (`[]`: none)")
 
 
-class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, AllowedTokenIdsFields, LogitBiasFields,
-             StopFields, DecodesToFields, SamplingFields, SamplingHonouredFields, FinishReasonFields,
+class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, AllowedTokenIdsFields, BadWordsFields,
+             LogitBiasFields, StopFields, DecodesToFields, SamplingFields, SamplingHonouredFields, FinishReasonFields,
              StopTokenIdsFields, PromptCore):
     """One request of the workload. The keys after `stop_token_ids` ask for contract probes
     (docs/judged.md, "Contract probes"), each key declared by its probe's module in

@@ -16,6 +16,7 @@ from bench.core.probes.base import PROBES, ContractProbe, register
 from bench.core.probes import stop
 from bench.core.probes import logit_bias
 from bench.core.probes import allowed_token_ids
+from bench.core.probes import bad_words
 from bench.core.probes import prompt_repeated
 from bench.core.probes import tools
 from bench.core.probes import choices
@@ -31,6 +32,7 @@ __all__ = [
            "PROBES",
            "ContractProbe",
            "allowed_token_ids",
+           "bad_words",
            "choices",
            "finish_reason",
            "logit_bias",
