@@ -160,4 +160,4 @@ def test_a_seeded_request_with_a_split_prefill_kills_the_engine(chunked_seed_run
     assert "http_error" in reasons or "server_died" in reasons, output
     (log,) = list((run_dir / "cells").glob("*/run-1/server.log"))
     assert "CPU Generator does not use offset" in log.read_text(errors="replace")
-    print(f"\nchunked prefill, 16-token budget, a seeded 30-token prompt: {sorted(reasons)}")
+    print(f"\nchunked prefill, 16-token budget, a seeded 30-token prompt: {sorted(r.value for r in reasons)}")
