@@ -21,7 +21,8 @@ from bench.core.records import RequestRecord, RunRecord
 from bench.serve.errors import BootError
 from bench.serve.launch_local import ProcessGroup
 from bench.serve.lifecycle import Server
-from bench.store.results import read_jsonl
+from bench.store.matrixfile import load_config
+from bench.store.results import read_jsonl, write_config
 
 from .fakeserver import FakeServer
 from .support import only_cell, processes_labelled, reasons, wait_for_line
@@ -136,12 +137,15 @@ def tiny_fs(tmp_path):
 def test_a_full_disk_stops_the_run_cleanly_and_resume_finishes_it(tmp_path, tiny_fs, fault):
     results = tiny_fs("full")
     filler = results / "filler"
-    # ~40 KiB left: tmpfs counts whole 4 KiB pages, and config.yaml, plan.json, the lock, the
-    # fingerprint and the server log take about six of them before the first answer.
-    filler.write_bytes(b"\0" * (512 * 1024 - 40 * 1024))
     count = tmp_path / "answered"
-    # 40 answers of 128 token ids each (no logprobs): about 1.2 KB per record, more than is left.
+    # 40 answers of 128 token ids each (no logprobs): about 2.5 KB per record, more than is left.
     config = matrix(tmp_path, prompts=40, top={"comparison": {"mode": "exact"}})
+    # tmpfs counts whole 4 KiB pages. Before the first answer the run writes config.yaml (its
+    # size measured here: it grows with every prompt field), and a page each for plan.json, the
+    # lock, the fingerprint and the server log; then 24 KiB are left, room for a few answers.
+    write_config(tmp_path / "as-run.yaml", load_config(config))
+    pages = -(-(tmp_path / "as-run.yaml").stat().st_size // 4096) + 4
+    filler.write_bytes(b"\0" * (512 * 1024 - pages * 4096 - 24 * 1024))
     env = {"FAKE_VLLM_COUNT": str(count)}
     p = regbench("run", str(config), "--results", str(results), "--run-id", RUN_ID, env=env)
     run_dir = results / RUN_ID

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.core.errors import RegbenchError
+from bench.core.schema import ConfigError
 
 
 class StartError(Exception):
@@ -23,3 +24,9 @@ class BootError(Exception):
 
 class LauncherUnavailable(RegbenchError):
     """The back-end cannot run servers here (no engine answering, ...); the message says how to fix it."""
+
+
+class ImageUnavailable(ConfigError):
+    """Images that cannot be had before the cells (a registry that could not answer or refused
+    the credentials, an image absent under `pull: never`): the message names each ref and the
+    answer. Raised by bench.serve.images; here so that catching it imports no Docker SDK."""

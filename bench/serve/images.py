@@ -29,17 +29,11 @@ import requests.exceptions
 from docker.models.images import Image as DockerImage
 from docker.utils import parse_repository_tag
 
-from bench.core.config import ConfigError, Image
+from bench.core.config import Image
 from bench.core.verdicts import NOT_RUNNABLE
 from bench.serve.cuda_require import Driver
 from bench.serve.cuda_require import unmet as cuda_unmet
-from bench.serve.errors import StartError
-
-
-class ImageUnavailable(ConfigError):
-    """Images that cannot be had before the cells (a registry that could not answer or refused
-    the credentials, an image absent under `pull: never`): the message names each ref and the
-    answer."""
+from bench.serve.errors import ImageUnavailable, StartError
 
 
 class ImageNotHere(Exception):

@@ -27,7 +27,7 @@ from bench.core.matrix import Cell, expand
 from bench.core.stop import StopToken
 from bench.core.verdicts import Verdict
 from bench.runner import NoProgress, Progress, run_matrix
-from bench.serve.images import ImageUnavailable
+from bench.serve.errors import ImageUnavailable
 from bench.store.publish import open_results
 from bench.store.results import ResultsDir, ResultsError
 from bench.versions.model import (
