@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -28,20 +30,26 @@ pytestmark = pytest.mark.slow
 CELL = "tiny-canary__safetensors__cpu__vllm-0.32.0"
 
 
-@pytest.fixture(scope="module")
-def defects_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("defects")
+def run_defects(tmp: Path, name: str, change=lambda data: None) -> tuple[subprocess.Popen, str, Path]:
+    """configs/cpu-known-defects.yaml, changed by `change` (its parsed YAML), run into tmp: (the
+    process, its output, the run's folder)."""
     data = yaml.safe_load((ROOT / "configs" / "cpu-known-defects.yaml").read_text())
     # The file's paths are relative to configs/; normpath, not resolve: a venv's python is a link.
     for model in data["models"]:
         model["path"] = os.path.normpath(ROOT / "configs" / model["path"])
     for image in data["images"]:
         image["python"] = os.path.normpath(ROOT / "configs" / image["python"])
-    config = tmp / "defects.yaml"
+    change(data)
+    config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(data, allow_unicode=True))
-    p = regbench("run", str(config), "--results", str(tmp / "results"), "--run-id", "defects")
+    p = regbench("run", str(config), "--results", str(tmp / "results"), "--run-id", name)
     output, _ = p.communicate(timeout=1200)
-    run_dir = tmp / "results" / "defects"
+    return p, output, tmp / "results" / name
+
+
+@pytest.fixture(scope="module")
+def defects_run(tmp_path_factory):
+    p, output, run_dir = run_defects(tmp_path_factory.mktemp("defects"), "defects")
     requests = {q.prompt_id: q for q in (RequestRecord.model_validate_json(x)
                                          for x in (run_dir / "requests.jsonl").read_text().splitlines())}
     (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
@@ -127,22 +135,16 @@ def test_the_diagnosis_names_the_three_defects(defects_run):
 def chunked_seed_run(tmp_path_factory):
     """The known-defects cell with chunked prefill on a 16-token budget and one seeded, sampled
     request whose prompt (about 30 tokens) needs two prefill steps."""
-    tmp = tmp_path_factory.mktemp("chunked")
-    data = yaml.safe_load((ROOT / "configs" / "cpu-known-defects.yaml").read_text())
-    for model in data["models"]:
-        model["path"] = os.path.normpath(ROOT / "configs" / model["path"])
-    for image in data["images"]:
-        image["python"] = os.path.normpath(ROOT / "configs" / image["python"])
-    data["server"]["args"] += ["--enable-chunked-prefill", "--max-num-batched-tokens", "16"]
-    long = " ".join(f"word{i}" for i in range(12))
-    data["workload"]["prompts"] = [{"id": "seeded-long", "prompt": long, "sampling": {"temperature": 0.8, "seed": 7}},
-                                   {"id": "after", "prompt": "def main():"}]
-    data["workload"]["concurrency"] = 1
-    config = tmp / "chunked.yaml"
-    config.write_text(yaml.safe_dump(data, allow_unicode=True))
-    p = regbench("run", str(config), "--results", str(tmp / "results"), "--run-id", "chunked")
-    output, _ = p.communicate(timeout=1200)
-    run_dir = tmp / "results" / "chunked"
+
+    def chunked(data: dict) -> None:
+        data["server"]["args"] += ["--enable-chunked-prefill", "--max-num-batched-tokens", "16"]
+        long = " ".join(f"word{i}" for i in range(12))
+        data["workload"]["prompts"] = [
+            {"id": "seeded-long", "prompt": long, "sampling": {"temperature": 0.8, "seed": 7}},
+            {"id": "after", "prompt": "def main():"}]
+        data["workload"]["concurrency"] = 1
+
+    p, output, run_dir = run_defects(tmp_path_factory.mktemp("chunked"), "chunked", chunked)
     (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
     return p.returncode, output, cell, run_dir
 
