@@ -1,6 +1,9 @@
 """Benchmark (not a test): vLLM's process topologies on CPU, booted side by side, as ratios; with
 `--compare model-info-cache`, the `in_process` topology with a cold model-class inspection cache at
-every start against one shared across starts (`server.model_info_cache`).
+every start against one shared across starts (`server.model_info_cache`); with `--compare
+inductor-headers`, torch inductor's precompiled C++ headers built again at every start against
+kept across starts (`server.inductor_header_cache`), under the `logprobs` rule, whose first
+request makes every server compile the sampler's kernels.
 
 Each round runs two cells of the smoke matrix (the `safetensors` baseline under streamer 0.17.0
 and the `runai_streamer` cell under 0.16.0, which loses its weights: runai-model-streamer #157)
@@ -11,7 +14,7 @@ run's wall time, each as a ratio to vLLM's default topology, and whether each ru
 seed bug and kept the baseline's token ids: a faster topology is only of use if it finds the same.
 
 Run after scripts/setup.sh:
-  .venv/bin/python scripts/bench_topology.py [--rounds 3] [--compare topology|model-info-cache]
+  .venv/bin/python scripts/bench_topology.py [--rounds 3] [--compare topology|model-info-cache|inductor-headers]
 """
 
 from __future__ import annotations
@@ -42,11 +45,16 @@ VARIANTS = {
     "topology": {"default": {"topology": "default"}, "in_process": {"topology": "in_process"}},
     "model-info-cache": {"cold": {"topology": "in_process", "model_info_cache": False},
                          "shared": {"topology": "in_process", "model_info_cache": True}},
+    "inductor-headers": {"rebuilt": {"topology": "in_process", "inductor_header_cache": False},
+                         "shared": {"topology": "in_process", "inductor_header_cache": True}},
 }
+# What each comparison needs of the rest of the matrix.
+MATRIX = {"inductor-headers": {"comparison": {"mode": "logprobs"}}}
 
 
-def matrix(name: str, server: dict) -> Path:
+def matrix(name: str, server: dict, extra: dict) -> Path:
     data = yaml.safe_load((ROOT / "configs" / "cpu-smoke.yaml").read_text())
+    data.update(extra)
     data["repeats"] = 1
     data["server"].update(server)
     data["include"] = [{"load_format": "runai_streamer", "image": "streamer-0.16.0"},
@@ -60,13 +68,14 @@ def matrix(name: str, server: dict) -> Path:
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per variant (two boots each)")
     parser.add_argument("--compare", choices=list(VARIANTS), default="topology",
-                        help="what to vary: vLLM's process layout, or the shared model-info cache")
+                        help="what to vary: vLLM's process layout, the shared model-info cache, or the "
+                             "shared precompiled headers")
 
 
 def main(args: argparse.Namespace) -> int:
     variants = VARIANTS[args.compare]
     topologies = list(variants)
-    configs = {t: matrix(t, variants[t]) for t in topologies}
+    configs = {t: matrix(t, variants[t], MATRIX.get(args.compare, {})) for t in topologies}
     boots: dict[str, list[float]] = {t: [] for t in topologies}
     stops: dict[str, list[float]] = {t: [] for t in topologies}
     walls: dict[str, list[float]] = {t: [] for t in topologies}

@@ -34,7 +34,7 @@ import yaml
 
 from bench.core.diagnosis import Diagnosis
 from bench.core.matrix import KNOB_SEP, expand
-from bench.core.records import Summary
+from bench.core.records import RunRecord, Summary
 from bench.store.matrixfile import load_config
 
 from .support import ROOT, needs_canary, needs_vllm, processes_labelled
@@ -136,7 +136,8 @@ def measured(request, tmp_path_factory) -> tuple[Path, Path, list[dict], subproc
     started = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "bench", "run", str(config), "--results", str(results),
                         "--run-id", RUN_ID], cwd=ROOT, capture_output=True, text=True, timeout=7200,
-                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                       # A cache home of its own: what the servers keep across starts is seen written.
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(results / "xdg-cache")})
     took = time.monotonic() - started
     run_dir = results / RUN_ID
     print(f"\nregbench run {config.name}: exit {p.returncode} after {took:.0f} s\n{p.stdout[-6000:]}")
@@ -192,6 +193,22 @@ def test_the_healthy_baseline_passes_with_nothing_armed(measured):
     healthy = [r for r in rows if r["image"] == HEALTHY]
     assert len(healthy) == len({m for m, _ in planned})  # one per model
     assert all(r["armed"] == [] and r["reasons"] == [] for r in healthy), healthy
+
+
+def test_one_server_built_inductors_headers_and_the_others_used_them(measured):
+    # Every server compiles the sampler's kernels at its first sampled request; torch builds the
+    # kernels' precompiled header with g++ (about 5 s here) unless it finds it, keyed by the
+    # compiler, its flags and the header (docs/launchers.md).
+    from bench.serve.launch_local import inductor_header_folder
+
+    results, run_dir, _, _, _, _ = measured
+    headers = list(inductor_header_folder({"XDG_CACHE_HOME": str(results / "xdg-cache")}).glob("*.gch"))
+    assert headers, "no server wrote a precompiled header through the link"
+    runs = [RunRecord.model_validate_json(x) for x in (run_dir / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) > 1
+    built_by = {r.cell_id for r in runs for h in headers
+                if r.server.started_at <= h.stat().st_mtime <= (r.server.ended_at or float("inf"))}
+    assert len(built_by) == 1, built_by
 
 
 def test_every_fault_fired(measured):

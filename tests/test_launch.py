@@ -394,3 +394,33 @@ def test_the_model_info_cache_is_one_folder_per_interpreter_and_overlay_set(mini
     assert parse_config(minimal).server.model_info_cache
     minimal["server"] = {"model_info_cache": False}
     assert not parse_config(minimal).server.model_info_cache
+
+
+def test_inductors_precompiled_headers_are_one_folder_linked_where_torch_looks(minimal, tmp_path):
+    import getpass
+
+    from bench.serve.launch_local import inductor_header_folder, share_inductor_headers, torch_user
+
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "HOME": "/nowhere"}
+    folder = inductor_header_folder(env)
+    assert folder == tmp_path / "xdg" / "regbench" / "inductor-headers"
+    assert inductor_header_folder({"HOME": "/h"}).is_relative_to("/h/.cache/regbench")
+    # The name torch itself gives its folder, from the same environment (getpass reads it).
+    assert torch_user({"USER": "a/b"}) == "a_b"
+    assert torch_user(dict(os.environ)) == re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    scratch = tmp_path / "scratch"
+    share_inductor_headers(scratch, folder, "u")
+    # Where torch looks in the server: tempfile.gettempdir() under the server's TMPDIR.
+    tempdir = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                             env={**os.environ, "TMPDIR": str(scratch / "tmp")}, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    (Path(tempdir) / "torchinductor_u" / "precompiled_headers" / "h.gch").write_text("x")
+    shutil.rmtree(scratch)  # the launcher removes the scratch folder: the link, not its target
+    assert (folder / "h.gch").read_text() == "x"
+    locked = tmp_path / "locked"
+    locked.write_text("")
+    share_inductor_headers(tmp_path / "scratch2", locked / "headers", "u")
+    assert not (tmp_path / "scratch2" / "tmp").exists()
+    assert parse_config(minimal).server.inductor_header_cache
+    minimal["server"] = {"inductor_header_cache": False}
+    assert not parse_config(minimal).server.inductor_header_cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -82,6 +83,43 @@ def share_model_infos(scratch: Path, folder: Path) -> None:
         return
     (scratch / "cache").mkdir(parents=True, exist_ok=True)
     (scratch / "cache" / "modelinfos").symlink_to(folder, target_is_directory=True)
+
+
+def inductor_header_folder(env: Mapping[str, str]) -> Path:
+    """Where the servers share torch inductor's precompiled C++ headers: one folder for every
+    interpreter, since torch names each header by a hash of the compiler, its flags and the
+    header's preprocessed text."""
+    root = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "~").expanduser() / ".cache")
+    return root / "regbench" / "inductor-headers"
+
+
+def torch_user(env: Mapping[str, str]) -> str:
+    """The user name in torch inductor's temp folder (`torchinductor_<user>`), found as
+    `getpass.getuser()` finds it in the server's environment, and sanitised as torch does."""
+    name = next((env[k] for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(k)), None)
+    if name is None:
+        import pwd
+
+        try:
+            name = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            name = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", name)
+
+
+def share_inductor_headers(scratch: Path, folder: Path, user: str) -> None:
+    """Links the server's `$TMPDIR/torchinductor_<user>/precompiled_headers` to the shared folder.
+    torch means them to outlive the process, in a temp folder the bench makes new at each start:
+    without the link every server builds them again with g++ at its first compiled CPU kernel
+    (the sampler's, at the first sampled or logprobs request). A folder that cannot be made
+    leaves the server to build its own."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    inductor = scratch / "tmp" / f"torchinductor_{user}"
+    inductor.mkdir(parents=True, exist_ok=True)
+    (inductor / "precompiled_headers").symlink_to(folder, target_is_directory=True)
 
 
 class LogPump:
@@ -238,6 +276,8 @@ class LocalLauncher:
             env = vllm_env(cell, server, scratch, self.base_env, cell.profile)
             if server.model_info_cache:
                 share_model_infos(scratch, model_info_folder(cell.image, self.base_env))
+            if server.inductor_header_cache:
+                share_inductor_headers(scratch, inductor_header_folder(self.base_env), torch_user(env))
             env.update(device_env(devices))
             # Labels every process of the server inherits, so leftovers can be found by them.
             env[RUN_LABEL] = str(run_dir)

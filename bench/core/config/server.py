@@ -60,6 +60,15 @@ class ServerSettings(Strict):
                                   "keyed by the model file's hash) per image across fresh starts, in "
                                   "`$XDG_CACHE_HOME/regbench/modelinfos`, as a host's `~/.cache/vllm` would; "
                                   "the rest of VLLM_CACHE_ROOT stays per server. `false`: a cold cache every start")
+    # torch inductor keeps the C++ headers it precompiles in $TMPDIR, meant to outlive the
+    # process; a server's TMPDIR is new at every start, so g++ builds them again at its first
+    # compiled CPU kernel (docs/launchers.md).
+    inductor_header_cache: bool = Field(
+        default=True, description="local launcher: keep torch inductor's precompiled C++ headers (named by a hash "
+                                  "of the compiler, its flags and the headers) across fresh starts, in "
+                                  "`$XDG_CACHE_HOME/regbench/inductor-headers`, as a host's "
+                                  "`/tmp/torchinductor_<user>` would; the rest of TMPDIR stays per server. "
+                                  "`false`: built again at every start")
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
 
