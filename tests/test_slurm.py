@@ -139,15 +139,18 @@ def test_container_images_are_pinned_once_at_submission_for_every_job(tmp_path):
 
     import docker
 
-    from .support import ROOT
+    from .support import ROOT, setup_missing
 
+    try:  # the engine reports the ids the images are pinned to
+        engine = docker.from_env(timeout=30)
+    except docker.errors.DockerException as exc:
+        setup_missing(f"no Docker engine answers (scripts/setup-docker.sh): {exc}")
     env, scripts = _fake_slurm(tmp_path)
     config = ROOT / "configs" / "cpu-smoke-docker.yaml"
     done = subprocess.run(
         [sys.executable, "-m", "bench", "run", str(config), "--executor", "slurm", "--results", str(tmp_path / "r"),
          "--run-id", "r1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "submitted job" in done.stderr, done.stdout + done.stderr
-    engine = docker.from_env()
     want = {i.name: engine.images.get(i.ref).id for i in load_config(config).images}
     for script in scripts.iterdir():
         line = next(shlex.split(x) for x in script.read_text().splitlines() if "--run-id" in x)
