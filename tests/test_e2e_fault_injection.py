@@ -201,20 +201,23 @@ class Vllm:
                     deltas.extend(c["text"] for c in json.loads(line[6:])["choices"])
         return deltas
 
-    def tool_call(self, stream: bool) -> tuple[str | None, str, str | None]:
-        """A call forced by name (a tool that is not `strict`: the random model's arguments are
-        held to JSON, not to the parameters): its name, its arguments and the finish_reason;
-        streamed, the deltas put together. Measured: the call's envelope and `53` take 41 tokens of
-        the tiny canary's; other questions (or a `strict` tool) ran its arguments to max_tokens."""
+    def tool_call(self, stream: bool, required: bool = False, max_tokens: int = 48) -> tuple[str | None, str, str | None]:
+        """A call forced by name, or by `required` with one call (a tool that is not `strict`: the
+        random model's arguments are held to JSON, not to the parameters): its name, its arguments
+        and the finish_reason; streamed, the deltas put together. Measured: the call's envelope
+        and `53` take 41 tokens of the tiny canary's; other questions (or a `strict` tool) ran its
+        arguments to max_tokens."""
+        choice = {"tool_choice": "required", "parallel_tool_calls": False} if required else \
+            {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
         request = {"model": "tiny", "messages": [{"role": "user", "content": "Weather in Paris?"}],
-                   "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-                   "max_tokens": 48, "temperature": 0, "stream": stream}
+                   "tools": [TOOL], **choice, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
         if not stream:
             r = self.client.post("/v1/chat/completions", json=request)
             assert r.status_code == 200, r.text
-            choice = r.json()["choices"][0]
-            (call,) = choice["message"]["tool_calls"]
-            return call["function"]["name"], call["function"]["arguments"], choice["finish_reason"]
+            answer = r.json()["choices"][0]
+            calls = answer["message"].get("tool_calls") or [{"function": {"name": None, "arguments": ""}}]
+            assert len(calls) == 1, calls
+            return calls[0]["function"]["name"], calls[0]["function"]["arguments"], answer["finish_reason"]
         name, arguments, finish = None, "", None
         with self.client.stream("POST", "/v1/chat/completions", json=request) as r:
             assert r.status_code == 200
@@ -317,7 +320,8 @@ def tool_server(tmp_path_factory):
     # are ASCII).
     yield from fault_server(tmp_path_factory,
                             "tool_args_dropped_streaming,stop_reports_length,n_children_lose_stop,stream_mangles_utf8,"
-                            "stop_before_min_tokens,n_children_lose_allowed,n_children_lose_bad_words")
+                            "stop_before_min_tokens,n_children_lose_allowed,n_children_lose_bad_words,"
+                            "tool_calls_at_length")
 
 
 @pytest.fixture(scope="class")
@@ -480,14 +484,15 @@ class TestContractFaults:
 @needs_vllm
 @needs_canary
 class TestApiServerFaults:
-    """tool_args_dropped_streaming (the hermes parser's stream), stop_reports_length (the output
+    """tool_args_dropped_streaming (the hermes parser's stream), tool_calls_at_length (the chat
+    stream's end), stop_reports_length (the output
     processor's finish), n_children_lose_stop, n_children_lose_allowed and n_children_lose_bad_words
     (an n > 1 request's children), stream_mangles_utf8 (a stream's deltas) and stop_before_min_tokens (the
     detokenizer's stop strings), all in the API server, on one tool_server."""
 
     @pytest.mark.parametrize("fault", ["tool_args_dropped_streaming", "stop_reports_length", "n_children_lose_stop",
                                        "stream_mangles_utf8", "stop_before_min_tokens", "n_children_lose_allowed",
-                                       "n_children_lose_bad_words"])
+                                       "n_children_lose_bad_words", "tool_calls_at_length"])
     def test_it_arms_in_the_api_server(self, tool_server, fault):
         (line,) = tool_server.armed_in(fault)
         assert not engine_side(line), line
@@ -578,6 +583,19 @@ class TestApiServerFaults:
               f"choice: healthy {kept}, faulty {broken}")
         assert kept == [0, 0]
         assert broken[0] == 0 and broken[1] > 0
+
+    def test_tool_calls_at_length_says_tool_calls_for_a_streamed_call_cut_by_max_tokens(self, tool_server, healthy):
+        # `required`, 30 tokens: the call is cut before its arguments (41 tokens make it whole).
+        cut = {"required": True, "max_tokens": 30}
+        kept, kept_streamed = healthy.tool_call(stream=False, **cut), healthy.tool_call(stream=True, **cut)
+        broken, broken_streamed = tool_server.tool_call(stream=False, **cut), tool_server.tool_call(stream=True, **cut)
+        print(f"\ntool_calls_at_length: required, max_tokens 30: healthy {kept} / streamed {kept_streamed}; "
+              f"faulty {broken} / streamed {broken_streamed}")
+        assert kept[2] == kept_streamed[2] == broken[2] == "length"
+        assert kept_streamed[0] == broken_streamed[0] == "get_weather" and kept_streamed[1] == broken_streamed[1]
+        assert broken_streamed[2] == "tool_calls"
+        # A call that ends of itself is left alone: named (41 tokens, `stop`) streamed as before.
+        assert tool_server.tool_call(stream=True)[2] == healthy.tool_call(stream=True)[2] == "stop"
 
     def test_tool_args_dropped_streaming_streams_a_call_without_its_arguments(self, tool_server, healthy):
         kept, kept_streamed = healthy.tool_call(stream=False), healthy.tool_call(stream=True)

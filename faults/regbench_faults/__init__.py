@@ -42,6 +42,7 @@ FAULTS = (
     "stop_before_min_tokens",
     "n_children_lose_allowed",
     "n_children_lose_bad_words",
+    "tool_calls_at_length",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"
