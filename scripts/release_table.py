@@ -44,6 +44,9 @@ TRACED = {
 CHANGES: dict[tuple[str, str], str] = {
     ("tool-required", "0.32.0"): "0.32.0 ends the answer after its one call (41 tokens, finish_reason `tool_calls`); "
                                  "0.27.0 to 0.31.0 go on into a second `<tool_call>` and stop at max_tokens (48)",
+    ("tool-cut-stream", "0.31.0"): "0.31.0 rewrites a stream's end to `tool_calls` only where the engine said "
+                                   "`stop`, so the call cut at 30 tokens ends with `length`; 0.27.0 to 0.30.0 say "
+                                   "`tool_calls`, with the call `get_weather` and arguments \"\"",
 }
 
 
