@@ -99,6 +99,24 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def own_table(rows: list[dict]) -> str:
+    """Fault by fault (one row per cell it was served in): the rule that is its own and the known
+    issue that names it, and in how many of the cell's failing fresh starts each was seen."""
+    lines = ["| Fault | Model | Cell | Its own rule | Seen | Its known issue | Named |", "|---|---|---|---|---|---|---|"]
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for row in rows:
+        if row["fault"] is not None and row["fired"] and row["detected"]:
+            for fault, own in row.get("own", {}).items():
+                groups.setdefault((fault, model_of(row), row["image"]), []).append(own)
+    for (fault, model, image), owns in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "tiny-canary", kv[0])):
+        rule = f"`{owns[-1]['rule']}`" if owns[-1]["rule"] else "any"
+        sig = f"`{owns[-1]['signature']}`" if owns[-1]["signature"] else "none known"
+        named = f"{sum(o['named'] for o in owns)}/{len(owns)}" if owns[-1]["signature"] else "—"
+        lines.append(f"| `{fault}` | {model} | `{image}` | {rule} | {sum(o['caught'] for o in owns)}/{len(owns)} "
+                     f"| {sig} | {named} |")
+    return "\n".join(lines)
+
+
 def problems(rows: list[dict], ledger: Path) -> list[str]:
     bad = []
     if not rows:
@@ -137,7 +155,8 @@ def main() -> int:
     # The real model's rows, as recorded: a run of sixteen servers is the full tier's, not CI's.
     recorded, refused = readme_table.recorded(RECORDED)
     rows += [r for r in recorded if model_of(r) not in {model_of(x) for x in rows}]
-    made = table(rows)
+    made = table(rows) + "\n\nEach fault in each cell that caught it: its own rule, and the known issue the diagnosis " \
+        "must list among the cell's matches (first or not: a cell of several faults has one first name).\n\n" + own_table(rows)
     if readme_table.write_or_show(args, SECTION, made):
         return 0
     same, differ = readme_table.check(SECTION, made, "scripts/detection_table.py", args.page)

