@@ -104,6 +104,7 @@ def own_table(rows: list[dict]) -> str:
     issue that names it, and in how many of the cell's failing fresh starts each was seen."""
     lines = ["| Fault | Model | Cell | Its own rule | Seen | Its known issue | Named |", "|---|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str, str], list[dict]] = {}
+    unnamed = {row["image"]: row["unnamed"] for row in rows if row.get("unnamed")}
     for row in rows:
         if row["fault"] is not None and row["fired"] and row["detected"]:
             for fault, own in row.get("own", {}).items():
@@ -112,6 +113,8 @@ def own_table(rows: list[dict]) -> str:
         rule = f"`{owns[-1]['rule']}`" if owns[-1]["rule"] else "any"
         sig = f"`{owns[-1]['signature']}`" if owns[-1]["signature"] else "none known"
         named = f"{sum(o['named'] for o in owns)}/{len(owns)}" if owns[-1]["signature"] else "—"
+        why = unnamed.get(image)
+        named += f" ({why})" if why and not all(o["named"] for o in owns) else ""
         lines.append(f"| `{fault}` | {model} | `{image}` | {rule} | {sum(o['caught'] for o in owns)}/{len(owns)} "
                      f"| {sig} | {named} |")
     return "\n".join(lines)
@@ -131,6 +134,12 @@ def problems(rows: list[dict], ledger: Path) -> list[str]:
             bad.append(f"{where}: {r['fault']} never armed (no `regbench-fault: {r['fault']} armed in` line)")
         elif r["fault"] is not None and r["detected"] != (r["expected"] == "fail"):
             bad.append(f"{where}: {'caught' if r['detected'] else 'not caught'}, expected {r['expected']}")
+        elif r["fault"] is not None and r["detected"]:
+            for fault, own in r.get("own", {}).items():
+                if not own["caught"]:
+                    bad.append(f"{where}: {fault} not caught by its own rule {own['rule']}")
+                if own["signature"] and not own["named"] and not r.get("unnamed"):
+                    bad.append(f"{where}: {fault} not named by its own known issue {own['signature']}")
     return bad
 
 

@@ -237,6 +237,7 @@ def count(run_dir: Path) -> list[dict]:
                             "caught": caught_by(OWN_RULE[f], by_prompt, reasons) if f in OWN_RULE else bool(reasons),
                             "named": OWN_SIGNATURE[f] in matched.get(cell.cell_id, [])}
                         for f in (fault.split(", ") if fault else [])},
+                "unnamed": UNNAMED.get(image),
                 "note": NOT_CAUGHT.get(image) or NOTES.get(image, ""),
             })
     return rows

@@ -23,6 +23,7 @@ from bench.versions.model import (
     bisect_state,
     cell_kind,
     change_points,
+    mostly_empty,
     regimes,
     settled,
 )
@@ -70,6 +71,26 @@ def test_a_cells_kind_from_the_judges_reasons():
     assert cell_kind({Reason.WEIGHTS_LOST, Reason.DIVERGENCE}) == Kind.LOSES_WEIGHTS
     assert cell_kind({Reason.EXPECTATION_FAILED}) == Kind.WRONG_OUTPUTS
     assert cell_kind(set()) == Kind.PASSES
+    # Empty text on a few prompts among right answers is a defect of those prompts, not a server
+    # that answers empty.
+    assert cell_kind({Reason.EMPTY_TEXT, Reason.TOKEN_NOT_ALLOWED}, mostly_empty=False) == Kind.WRONG_OUTPUTS
+
+
+def test_empty_completions_are_most_of_a_runs_answers():
+    from bench.core.records import CellSummary, RunResult
+    from bench.core.verdicts import EmptyText, Finding, Verdict
+
+    def cell(*empty_per_run: int) -> CellSummary:
+        runs = [RunResult(repeat=i, reasons=[Reason.EMPTY_TEXT] if k else [], findings=[
+            Finding(reason=Reason.EMPTY_TEXT, evidence=EmptyText(completion_tokens=8, finish_reason="length"),
+                    prompt_id=f"p{j}") for j in range(k)]) for i, k in enumerate(empty_per_run, 1)]
+        return CellSummary(cell_id="c", model="m", load_format="f", platform="cpu", image="i", baseline_id=None,
+                           runs=len(runs), failures=sum(1 for k in empty_per_run if k), verdict=Verdict.FAIL,
+                           reasons={Reason.EMPTY_TEXT: 1}, run_results=runs)
+
+    assert mostly_empty(cell(0, 7), prompts=12)  # one run of 12 prompts answered 7 empty
+    assert not mostly_empty(cell(1, 6), prompts=12)  # one prompt's empty answer; half is not most
+    assert not mostly_empty(cell(), prompts=3)
 
 
 def walk(versions, good, bad, truth, limit=100):

@@ -13,7 +13,7 @@ Outcome kinds, the one taxonomy of this module:
     alters_weights      tensors arrived with other bytes, dtype or shape, twice, or unknown
     fails_at_load       the loader raised while streaming (loud: a user sees it)
     boot_fails          the server did not come up
-    empty_completions   the server answered, with empty text
+    empty_completions   the server answered, most answers of a run with empty text (or one token)
     wrong_outputs       another failing verdict of the judge (the reasons are in the detail)
     unsupported         the audit's reader cannot drive this version (no loader API it knows): unknown
     not_installed       the version could not be installed or imported: unknown
@@ -37,7 +37,7 @@ from itertools import pairwise
 
 from pydantic import AliasChoices, Field
 
-from bench.core.records import Record
+from bench.core.records import CellSummary, Record
 from bench.core.stats import detection_probability, repeats_needed
 from bench.core.verdicts import Reason
 
@@ -83,16 +83,25 @@ BOOT = {Reason.BOOT_FAILED, Reason.BOOT_TIMEOUT, Reason.PORT_TAKEN, Reason.SERVE
 EMPTY = {Reason.EMPTY_TEXT, Reason.ONE_TOKEN}
 
 
-def cell_kind(reasons: set[Reason]) -> Kind:
+def cell_kind(reasons: set[Reason], mostly_empty: bool = True) -> Kind:
     """A failing run's kind from the judge's reasons, the most telling first: a server that never
-    came up, then empty text, then weights the pre-flight audit saw lost, then anything else."""
+    came up, then empty text where most of a run's answers were empty (`mostly_empty`; a few
+    empty answers among right ones are wrong outputs), then weights the pre-flight audit saw lost,
+    then anything else."""
     if reasons & BOOT:
         return Kind.BOOT_FAILS
-    if reasons & EMPTY:
+    if reasons & EMPTY and mostly_empty:
         return Kind.EMPTY_COMPLETIONS
     if Reason.WEIGHTS_LOST in reasons:
         return Kind.LOSES_WEIGHTS
     return Kind.WRONG_OUTPUTS if reasons else Kind.PASSES
+
+
+def mostly_empty(cell: CellSummary, prompts: int) -> bool:
+    """Whether some run of the cell answered more than half of its `prompts` with empty text or
+    one token: what a server that lost its weights does (#38991), not one prompt's defect."""
+    return any(2 * len({f.prompt_id for f in run.findings if f.reason in EMPTY}) > prompts
+               for run in cell.run_results)
 
 
 class Outcome(Record):

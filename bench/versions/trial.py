@@ -38,6 +38,7 @@ from bench.versions.model import (
     VersionMap,
     bisect_state,
     cell_kind,
+    mostly_empty,
     settled,
 )
 from bench.versions.releases import DEFAULT_IMAGE, ReleaseError, ensure_venv, image_ref, own_venv
@@ -205,7 +206,8 @@ class CellTrial:
                            folder=rel)
         if cell.runs == 0 or (summary.interrupted and not settled(cell.failures, cell.runs, plan)):
             return None
-        kind = cell_kind(set(cell.reasons)) if cell.failures else Kind.PASSES
+        empty = mostly_empty(cell, len(config.workload.prompts))
+        kind = cell_kind(set(cell.reasons), empty) if cell.failures else Kind.PASSES
         detail = cell.example or ", ".join(sorted(cell.reasons))
         return Outcome(version=version, kind=kind, detail=detail if cell.failures else "", runs=cell.runs,
                        failures=cell.failures, folder=rel)
