@@ -110,7 +110,9 @@ def own_table(rows: list[dict]) -> str:
             for fault, own in row.get("own", {}).items():
                 groups.setdefault((fault, model_of(row), row["image"]), []).append(own)
     for (fault, model, image), owns in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "tiny-canary", kv[0])):
-        rule = f"`{owns[-1]['rule']}`" if owns[-1]["rule"] else "any"
+        # `a|b` (either): the pipe escaped, or the table would take it for a column's end.
+        escaped = (owns[-1]["rule"] or "").replace("|", "\\|")
+        rule = f"`{escaped}`" if escaped else "any"
         sig = f"`{owns[-1]['signature']}`" if owns[-1]["signature"] else "none known"
         named = f"{sum(o['named'] for o in owns)}/{len(owns)}" if owns[-1]["signature"] else "—"
         why = unnamed.get(image)

@@ -652,6 +652,11 @@ def test_a_schema_broken_only_in_streamed_answers_is_named_so_not_batching():
         other_prompt_id="p", position=2, token=5, other_token=6, streamed=False, other_streamed=False))
     matched = names(evidence(c, "safetensors", findings=[_schema_miss("schema-stream"), twins, whole], **kw))
     assert matched[0] == "batch-dependent-output" and "broken-only-when-streamed" in matched
+    # Request by request: another request's promise broken whole (a second fault on the same
+    # server) leaves this one's stream-only break what it is.
+    other = Finding(reason="stop_ignored", prompt_id="stop-e", evidence=_schema_miss("stop-e").evidence)
+    matched = names(evidence(c, "safetensors", findings=[_schema_miss("schema-stream"), twins, other], **kw))
+    assert "broken-only-when-streamed" in matched, matched
 
 
 def test_a_fault_only_under_one_knob_is_named_so():
@@ -668,6 +673,17 @@ def test_a_fault_only_under_one_knob_is_named_so():
     d = diagnose_cell(evidence(compiled, "safetensors", contrast=c), list(SIGNATURES.values()))
     assert [m.signature for m in d.matches] == ["fails-only-under-knob"]
     assert d.matches[0].supports[0].says == "fails only under knob compiled: the same cell without it passes"
+    # A model compiled wrong breaks what any wrong model breaks, and says more for those
+    # symptoms' signatures: the knob that alone breaks the cell is still named first.
+    # (Measured: stream-text-differs scored 3 in such a cell, the knob's 1.)
+    broken = compiled.model_copy(update={"reasons": {"invariance_broken": 2, "inconsistent_output": 2,
+                                                     "schema_violated": 2}})
+    told = Finding(reason="inconsistent_output", prompt_id="code-stream", evidence=TwinsDiffer(
+        other_prompt_id="code", position=3, streamed=True, other_streamed=False, this_text="ab\ufffd", other_text="abc"))
+    d = diagnose_cell(evidence(broken, "safetensors", contrast=c, findings=[told]), list(SIGNATURES.values()))
+    scores = {m.signature: m.score for m in d.matches}
+    assert scores["stream-text-differs"] > scores["fails-only-under-knob"], scores
+    assert d.matches[0].signature == "fails-only-under-knob", scores
     # The cell without the knob fails too: the knob is not what breaks it.
     failing = base.model_copy(update={"verdict": Verdict.FAIL, "failures": 2, "reasons": {"divergence": 2}})
     (c,) = [x for x in contrast([failing, compiled]) if x.cell_id == compiled.cell_id]

@@ -11,8 +11,8 @@ A fault this workload cannot show is named in NOT_CAUGHT with the reason, and as
 the table then says so instead of the suite hiding it or a rule being bent to one fault.
 
 The same run on the real model (configs/cpu-faults-real.yaml: SmolLM2-135M-Instruct in bfloat16
-and float32, twenty-three servers, one of them compiled, about 25 minutes here) in the full tier (scripts/test.sh --full); its
-rows go to the ledger detection-real.json beside it, which docs/data/detection-real.json records
+and float32, twenty-three servers, one of them compiled, about 25 minutes here) in the full tier
+(scripts/test.sh --full); its rows go to the ledger detection-real.json beside it, which docs/data/detection-real.json records
 (scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
 Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
@@ -194,14 +194,12 @@ UNNAMED = {
 }
 
 
-
 def caught_by(rule: str, by_prompt: dict[str, list[str]], reasons: list[str]) -> bool:
     """Whether a fresh start shows the rule: a reason (`a|b`: either), or a reason on one prompt (`a@p`)."""
     if "@" in rule:
         reason, prompt = rule.split("@")
         return reason in by_prompt.get(prompt, [])
     return bool(set(rule.split("|")) & set(reasons))
-
 
 
 def count(run_dir: Path) -> list[dict]:

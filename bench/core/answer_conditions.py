@@ -5,7 +5,7 @@ signature's key finds its class wherever conditions are read."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from bench.core.conditions import CellEvidence, Check, Condition, Releases, condition
 from bench.core.verdicts import Finding, Reason, TwinsDiffer, UsageMismatch
@@ -42,26 +42,32 @@ class UsageCountCondition(Condition):
 
 
 def _stream_only(ev: CellEvidence, reasons: list[Reason]) -> tuple[bool | None, list[Finding], str]:
-    """Whether these findings are all on streamed answers whose whole twins kept the promise: the
-    answer (None where a streamed one has no whole twin to tell), the findings, and in words."""
+    """Whether some streamed answer broke one of these promises while every whole twin of its
+    request kept it, request by request (a cell of several faults breaks others whole as well):
+    the answer (None where the streamed answers that broke one have no whole twin to tell), the
+    streamed answers' findings that hold it (all the findings where none does), and in words."""
     found = [f for f in ev.findings if f.reason in reasons and f.prompt_id is not None]
     if not found:
         return False, [], f"none of the findings {', '.join(reasons)}"
-    whole = sorted({f"{f.reason} on {f.prompt_id}" for f in found if f.prompt_id not in ev.stream_twins})
-    if whole:
-        return False, found, f"{whole[0]}, answered whole"
-    alone = sorted({f.prompt_id or "" for f in found if not ev.stream_twins[f.prompt_id or ""]})
+    broken = {(f.reason, f.prompt_id) for f in found}
+    streamed = [f for f in found if f.prompt_id in ev.stream_twins]
+    only = [f for f in streamed if ev.stream_twins[f.prompt_id or ""]
+            and not any((f.reason, twin) in broken for twin in ev.stream_twins[f.prompt_id or ""])]
+    if only:
+        f = only[0]
+        twins = ", ".join(ev.stream_twins[f.prompt_id or ""])
+        return True, only, f"{f.reason} only on streamed answers: {f.prompt_id}, where its whole twin {twins} keeps it"
+    alone = sorted({f.prompt_id or "" for f in streamed if not ev.stream_twins[f.prompt_id or ""]})
     if alone:
-        return None, found, f"{found[0].reason} on the streamed {alone[0]}, which no whole twin of its request shows"
-    f = found[0]
-    twins = ", ".join(ev.stream_twins[f.prompt_id or ""])
-    return True, found, f"{f.reason} only on streamed answers: {f.prompt_id}, where its whole twin {twins} keeps it"
+        return None, found, f"{streamed[0].reason} on the streamed {alone[0]}, which no whole twin of its request shows"
+    whole = sorted({f"{f.reason} on {f.prompt_id}" for f in found if f.prompt_id not in ev.stream_twins})
+    return False, found, f"{whole[0]}, answered whole"
 
 
 @condition
 class StreamOnlyCondition(Condition):
-    """The cell broke these promises on streamed answers only: each such answer's twin of the same
-    request sent whole (not streamed) kept it."""
+    """A streamed answer broke one of these promises and every twin of its request sent whole (not
+    streamed) kept it."""
 
     stream_only: list[Reason]
 
@@ -105,6 +111,7 @@ class OnlyUnderKnobCondition(Condition):
     only under the knob."""
 
     only_under_knob: bool
+    names_the_knob: ClassVar[bool] = True
 
     def check(self, ev: CellEvidence, releases: Releases | None = None) -> Check:
         if ev.cell.knob is None:

@@ -143,6 +143,9 @@ class Condition(_Strict):
     that key. `releases` in ``check``: the signature's, for `release` conditions."""
 
     key: ClassVar[str]
+    # Holding, it says the knob's setting is what breaks the cell (bench.core.diagnosis ranks a
+    # signature that requires such a condition before the ones that only say how the cell failed).
+    names_the_knob: ClassVar[bool] = False
 
     def check(self, ev: CellEvidence, releases: Releases | None = None) -> Check:
         raise NotImplementedError
@@ -230,6 +233,7 @@ class KnobCondition(Condition):
     """The cell is this invariance knob's cell (`invariance`)."""
 
     knob: str
+    names_the_knob: ClassVar[bool] = True
 
     def check(self, ev: CellEvidence, releases: Releases | None = None) -> Check:
         knob = ev.cell.knob

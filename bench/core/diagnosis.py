@@ -189,6 +189,7 @@ def _fill(template: str, values: dict[str, str]) -> str:
 
 def diagnose_cell(ev: CellEvidence, signatures: list[Signature]) -> CellDiagnosis:
     matches = []
+    knob_causes: set[str] = set()  # signatures whose requirement names the knob as what breaks the cell
     for sig in signatures:
         required = [(c, *c.check(ev, sig.releases)) for c in sig.require]
         if any(holds is False for _, holds, _ in required) or not any(holds for _, holds, _ in required):
@@ -196,6 +197,9 @@ def diagnose_cell(ev: CellEvidence, signatures: list[Signature]) -> CellDiagnosi
         checked = required + [(c, *c.check(ev, sig.releases)) for c in sig.support]
         ev_of = [Evidence(condition=c.text(), holds=h, says=s) for c, h, s in checked]
         supports = [e for e in ev_of if e.holds]
+        if any(inner.names_the_knob and inner.check(ev, sig.releases)[0]
+               for c in (*sig.require, *sig.support) for inner in c.walk()):
+            knob_causes.add(sig.id)
         contradicts = [e for e in ev_of if e.holds is False]
         matches.append(Match(
             signature=sig.id, title=sig.title, score=len(supports) - len(contradicts), symptom_only=sig.symptom_only,
@@ -203,8 +207,9 @@ def diagnose_cell(ev: CellEvidence, signatures: list[Signature]) -> CellDiagnosi
             explanation=sig.explanation.strip(), fixes=sig.fixes, references=sig.references,
             confirm=_fill(sig.confirm, ev.command_vars) if sig.confirm else None,
         ))
-    # Causes before symptoms, then by score.
-    matches.sort(key=lambda m: (m.symptom_only, -m.score))
+    # Causes before symptoms; in a knob's cell, the knob's setting before how the cell failed
+    # (a model compiled wrong breaks every promise a wrong model does); then by score.
+    matches.sort(key=lambda m: (m.symptom_only, m.signature not in knob_causes, -m.score))
     preflight = []
     for p in (ev.inspect, ev.audit):
         if p is not None:
