@@ -80,9 +80,10 @@ class Tools(ContractProbe):
     signature = "tool-call-invalid"
     reweights = True
     description = ("a chat prompt with `tools` got an answer that breaks its `tool_choice`: a forced choice "
-                   "(`required`, or a tool's name) without a call, a call to another function, arguments that do "
-                   "not parse as JSON or, for a `strict` tool, do not validate against its `parameters` (not judged "
-                   "in an answer that ended at `length`: cut by its own limit); or `none` with a call. The evidence "
+                   "(`required`, or a tool's name) without a call (unless a stop string the request gave ended the "
+                   "answer first), a call to another function, arguments that do not parse as JSON or, for a "
+                   "`strict` tool, do not validate against its `parameters` (not judged in an answer that ended at "
+                   "`length` or at the request's stop string: cut by its own limit); or `none` with a call. The evidence "
                    "has the call, the problem and the finish_reason. Streamed arguments are the deltas put "
                    "together (vllm#47901: arguments dropped when streaming)")
 
