@@ -37,6 +37,8 @@ TRACED = {
                           "(outside the list, empty text)",
     "tool-required": "vllm#50399: a required tool choice goes on writing calls to max_tokens, and the whole "
                      "answer's parse keeps none of them (`length`, no call, a complete first call in the text)",
+    "tool-required-stop": "vllm#53255: a `required` answer that ended by `stop` is told `tool_calls` whether or not a "
+                          "call was found (here the request's own stop string cut it at `<tool_call>{\"name\": \"get_`)",
     "tool-cut-stream": "vllm#53269: once a call has streamed, the stream's end is `tool_calls` whatever the engine "
                        "said, so a call cut by max_tokens (arguments that do not parse) is reported as finished",
 }
