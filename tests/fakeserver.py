@@ -65,7 +65,9 @@ def completion_body(text: str, ids: list[int], chat: bool, k: int | None = None)
 
 class FakeServer:
     """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, nulltext (ids
-    and usage as ok, the text null), overlong (one token more than asked), http500, http503,
+    and usage as ok, the text null), overlong (one token more than asked), lagging (a stream's
+    text held three characters behind its ids until the last chunk, as vLLM holds it for a stop
+    string, vllm#36830), notokenize (no /tokenize or /detokenize), http500, http503,
     badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
     reference text) is scored at `reference_logprob` per token."""
 
@@ -95,6 +97,11 @@ class FakeServer:
                     if outer.mode == "notokenize":
                         return self._send(404, b'{"detail": "Not Found"}')
                     return self._send(200, json.dumps({"tokens": [ord(c) for c in body["prompt"]]}).encode())
+                if self.path == "/detokenize":
+                    # Every id of an answer is told "w" (handle's text).
+                    if outer.mode == "notokenize":
+                        return self._send(404, b'{"detail": "Not Found"}')
+                    return self._send(200, json.dumps({"prompt": "w" * len(body["tokens"])}).encode())
                 outer.requests.append(body)
                 if outer.on_request is not None:
                     outer.on_request()
@@ -151,6 +158,8 @@ class FakeServer:
             if self.mode == "truncated" and i == 5:
                 return  # connection closes mid-stream, no [DONE]
             part = None if self.mode == "nulltext" else text[i : i + 1]
+            if self.mode == "lagging":
+                part = text[max(0, i - 3):] if i == len(ids) - 1 else text[i - 3] if i >= 3 else ""
             choice = {"index": 0, "finish_reason": "length" if i == len(ids) - 1 else None, "token_ids": [tok]}
             if k is not None:
                 choice["logprobs"] = logprobs_body([tok], [part], chat, k, offset=13 * i)

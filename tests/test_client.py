@@ -129,3 +129,25 @@ def test_bad_words_are_sent_and_their_ids_asked_of_the_servers_tokenizer(minimal
     # (vLLM's rule); a server that will not tokenize leaves the answer unjudged on it.
     expected = {"hi": [[104, 105]], " ok": [[111, 107]]} if mode == "ok" else None
     assert records["b"].bad_words_ids == expected and records["p"].bad_words_ids is None
+
+
+@pytest.mark.parametrize("mode", ["ok", "lagging", "notokenize"])
+def test_a_stream_that_asks_chunks_paired_is_recorded_chunk_by_chunk_with_what_each_id_spells(minimal, mode):
+    minimal["workload"]["prompts"] = [{"id": "c", "prompt": "x", "stream": True, "chunks_paired": True},
+                                      {"id": "s", "prompt": "x", "stream": True}]
+    minimal["workload"]["max_tokens"] = minimal["workload"]["min_tokens"] = 8
+    w = parse_config(minimal).workload
+    with FakeServer(mode, tokens=8) as server:
+        records = send(server, w)
+    c, s = records["c"], records["s"]
+    assert c.text == s.text == "w" * 8 and s.chunks is None and s.token_texts is None
+    if mode == "notokenize":  # a server that will not say what ids spell leaves the chunks unjudged
+        assert c.token_texts is None and judge_request(c, w) == []
+        return
+    assert c.token_texts == {i: "w" for i in range(8)}
+    assert c.chunks == ([(1, 1)] * 8 if mode == "ok" else [(1, 0)] * 3 + [(1, 1)] * 4 + [(1, 4)])
+    found = judge_request(c, w)
+    assert [f.reason for f in found] == ([] if mode == "ok" else [Reason.CHUNK_UNPAIRED])
+    if found:
+        assert (found[0].evidence.chunk, found[0].evidence.streamed, found[0].evidence.tokens) == (0, "", "w")
+    assert judge_request(s, w) == []  # the same lag, not asked for: not judged

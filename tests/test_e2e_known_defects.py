@@ -3,9 +3,11 @@
 answered with the prompt's own text first (vllm#48853), streamed or not; a schema sent in the
 legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975); bad_words that
 ban every allowed id are answered with token 0, outside the allow-list (vllm#57986); a `required`
-tool call ended by the request's own stop string says `tool_calls` with no call (vllm#53255). Each probe
+tool call ended by the request's own stop string says `tool_calls` with no call (vllm#53255); a
+stream with a stop string sends each chunk's ids ahead of its text (vllm#36830). Each probe
 sits beside its control, which passes on the same server: the ids cut at a whole character, the
-same schema as `response_format` and as `structured_outputs`, an allow-list with one id left.
+same schema as `response_format` and as `structured_outputs`, an allow-list with one id left, a
+stop string of one character.
 Beside them, the tool probes, which these releases pass: a call forced by name, whole and
 streamed, a required one, and `tool_choice: none`.
 
@@ -62,9 +64,11 @@ def test_the_cell_fails_by_the_two_probes_and_nothing_else(defects_run):
     assert code == 1, output
     assert (cell.verdict, dict(cell.reasons)) == ("fail", {
         "prompt_repeated": 1, "schema_violated": 1, "token_not_allowed": 1, "empty_text": 1,
-        "usage_text_mismatch": 1, "finish_reason_mismatch": 1}), output
+        "usage_text_mismatch": 1, "finish_reason_mismatch": 1, "chunk_unpaired": 1}), output
     (run,) = cell.run_results
     assert sorted((f.reason.value, f.prompt_id) for f in run.findings) == [
+        ("chunk_unpaired", "chunks-stop-chat-stream"), ("chunk_unpaired", "chunks-stop-chat-stream"),
+        ("chunk_unpaired", "chunks-stop-stream"),
         ("empty_text", "allowed-all-banned"), ("finish_reason_mismatch", "tool-required-stop"),
         ("prompt_repeated", "mid-character"),
         ("prompt_repeated", "mid-character-stream"), ("schema_violated", "schema-guided-json"),
@@ -137,13 +141,28 @@ def test_a_required_call_stopped_by_its_stop_string_says_tool_calls_with_no_call
     assert "no tool call came back" in evidence.text()
 
 
-def test_the_diagnosis_names_the_four_defects(defects_run):
+def test_a_streams_chunks_carry_ids_ahead_of_their_text_under_a_stop_string(defects_run):
+    # vllm#36830: the text is held back for the stop string, the ids are not; a stop of one
+    # character holds nothing back, and its chunks are paired.
+    _, _, cell, requests, _ = defects_run
+    found = [f for f in cell.run_results[0].findings if f.reason.value == "chunk_unpaired"]
+    for f in found:
+        assert len(f.evidence.streamed) < len(f.evidence.tokens), f.evidence  # the ids ahead of the text
+    assert sorted((f.prompt_id, f.choice or 0) for f in found) == [
+        ("chunks-stop-chat-stream", 0), ("chunks-stop-chat-stream", 1), ("chunks-stop-stream", 0)]
+    lagging, paired = requests["chunks-stop-stream"], requests["chunks-one-char-stop"]
+    assert lagging.chunks and lagging.chunks[0] == (1, 0) and paired.chunks and paired.chunks[0][0] == 1
+    assert paired.chunks[0][1] > 0 and lagging.token_texts and paired.token_texts
+    print(f"\nstop 'xyzzyxyzzy': chunks {lagging.chunks[:4]}...; stop 'Q': {paired.chunks[:4]}...")
+
+
+def test_the_diagnosis_names_the_five_defects(defects_run):
     _, _, _, _, run_dir = defects_run
     diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
     (cell,) = diagnosis.cells
-    assert {m.signature for m in cell.matches[:4]} == {
-        "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored", "finish-reason-wrong"}, \
-        [m.signature for m in cell.matches]
+    assert {m.signature for m in cell.matches[:5]} == {
+        "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored", "finish-reason-wrong",
+        "stream-chunks-unpaired"}, [m.signature for m in cell.matches]
 
 
 @pytest.fixture(scope="module")

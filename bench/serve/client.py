@@ -93,6 +93,8 @@ class _Choice:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.tool_calls: dict[int, ToolCall] = {}  # by their index
+        # Streamed: (ids, characters) per chunk up to the one that ended it (a prompt's chunks_paired).
+        self.chunks: list[tuple[int, int]] = []
 
     def add_tool_calls(self, calls: Any, streamed: bool) -> None:
         """Whole calls, or a stream's deltas: a name first, then the arguments in pieces."""
@@ -120,6 +122,8 @@ class _Choice:
         ids = _token_ids(choice)
         if ids is not None:
             self.token_ids = (self.token_ids or []) + ids
+        if streamed and self.finish_reason is None:
+            self.chunks.append((len(ids or []), len(part or "")))
         if choice.finish_reason is not None:
             self.finish_reason = choice.finish_reason
             # vLLM's extra field: the stop string or stop token id that ended the answer.
@@ -130,10 +134,10 @@ class _Choice:
     def calls(self) -> list[ToolCall]:
         return [self.tool_calls[i] for i in sorted(self.tool_calls)]
 
-    def record(self, index: int, tools: bool) -> Choice:
+    def record(self, index: int, tools: bool, chunks: bool) -> Choice:
         return Choice(index=index, text="".join(self.text) if self.text_given else None, token_ids=self.token_ids,
                       finish_reason=self.finish_reason, stop_reason=self.stop_reason,
-                      tool_calls=self.calls() if tools else None)
+                      tool_calls=self.calls() if tools else None, chunks=self.chunks if chunks else None)
 
 
 class _Result:
@@ -170,11 +174,14 @@ class _Result:
                 got = _completion_logprobs(choice.logprobs, [part or ""] if streamed else None)
             self.logprobs = (self.logprobs or []) + got
 
-    def later(self, tools: bool) -> list[Choice] | None:
+    def later(self, tools: bool, chunks: bool) -> list[Choice] | None:
         """The choices after the first, whole; None when only one came back."""
         if len(self.choices) < 2:
             return None
-        return [self.choices[i].record(i, tools) for i in sorted(self.choices) if i != 0]
+        return [self.choices[i].record(i, tools, chunks) for i in sorted(self.choices) if i != 0]
+
+    def ids(self) -> set[int]:
+        return {i for c in self.choices.values() for i in c.token_ids or []}
 
     def timings(self) -> dict[str, Any]:
         """Time to first token and the gaps between token-carrying chunks (vLLM streams one token a
@@ -287,6 +294,24 @@ async def _bad_words_ids(base_url: str, model: str, workload: Workload, timeout_
     return out
 
 
+async def _token_texts(base_url: str, model: str, ids: set[int], timeout_s: float) -> dict[int, str] | None:
+    """What each id spells alone, by the server's own tokenizer (vLLM's /detokenize); None where
+    it would not say (the chunks are then not judged)."""
+    out: dict[int, str] = {}
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as http:
+            for token in sorted(ids):
+                r = await http.post("/detokenize", json={"model": model, "tokens": [token]})
+                r.raise_for_status()
+                text = r.json()["prompt"]
+                if not isinstance(text, str):
+                    return None
+                out[token] = text
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+    return out
+
+
 def _client(base_url: str, timeout_s: float) -> openai.AsyncOpenAI:
     # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
     timeout = openai.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
@@ -316,17 +341,23 @@ async def run_workload(
                 started = time.time()
                 t0 = time.perf_counter()
                 fields: dict[str, Any] = {}
+                latency: float | None = None
                 try:
                     # The SDK's timeout bounds each read; this bounds a stream that never ends.
                     r = await asyncio.wait_for(
                         _send(client, model, prompt, workload, top_k, t0), workload.request_timeout_s
                     )
-                    first, tools = r.first.record(0, prompt.tools is not None), prompt.tools is not None
+                    latency = time.perf_counter() - t0  # the answer's, not what is asked of the server after
+                    tools, chunks = prompt.tools is not None, prompt.chunks_paired and prompt.stream
+                    first = r.first.record(0, tools, chunks)
                     fields = dict(
                         status=200, text=first.text, token_ids=first.token_ids, prompt_tokens=r.prompt_tokens,
                         completion_tokens=r.completion_tokens, finish_reason=first.finish_reason,
                         stop_reason=first.stop_reason, choice_tokens=[r.choice_ids[i] for i in sorted(r.choice_ids)],
-                        logprobs=r.logprobs, **r.timings(), tool_calls=first.tool_calls, choices=r.later(tools),
+                        logprobs=r.logprobs, **r.timings(), tool_calls=first.tool_calls, choices=r.later(tools, chunks),
+                        chunks=first.chunks,
+                        token_texts=await _token_texts(base_url, model, r.ids(), workload.request_timeout_s)
+                        if chunks else None,
                         max_model_len=context,
                         bad_words_ids={w: banned[w] for w in prompt.bad_words if w in banned} or None
                         if prompt.bad_words else None,
@@ -336,7 +367,8 @@ async def run_workload(
                     fields = dict(status=status, error_kind=kind, error=f"{type(exc).__name__}: {exc}"[:2000])
                 record = RequestRecord(
                     cell_id=cell_id, repeat=repeat, prompt_id=prompt.id, api=prompt.kind,
-                    stream=prompt.stream, started_at=started, latency_s=time.perf_counter() - t0, **fields,
+                    stream=prompt.stream, started_at=started,
+                    latency_s=time.perf_counter() - t0 if latency is None else latency, **fields,
                 )
                 on_record(record)
                 return record

@@ -26,6 +26,7 @@ from bench.core.probes import sampling
 from bench.core.probes import sampling_honoured
 from bench.core.probes import finish_reason
 from bench.core.probes import stop_token_ids
+from bench.core.probes import chunks
 # isort: on
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
            "allowed_token_ids",
            "bad_words",
            "choices",
+           "chunks",
            "finish_reason",
            "logit_bias",
            "prompt_repeated",
