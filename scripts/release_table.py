@@ -39,6 +39,10 @@ TRACED = {
                      "answer's parse keeps none of them (`length`, no call, a complete first call in the text)",
     "tool-required-stop": "vllm#53255: a `required` answer that ended by `stop` is told `tool_calls` whether or not a "
                           "call was found (here the request's own stop string cut it at `<tool_call>{\"name\": \"get_`)",
+    "chunks-stop-stream": "vllm#36830: with a stop string the text is held back one character less than the stop "
+                          "string (here nine) and each chunk's ids go out at once, so the first chunks carry ids "
+                          "and no text",
+    "chunks-stop-chat-stream": "vllm#36830, chat, each of its two choices",
     "tool-cut-stream": "vllm#53269: once a call has streamed, the stream's end is `tool_calls` whatever the engine "
                        "said, so a call cut by max_tokens (arguments that do not parse) is reported as finished",
 }

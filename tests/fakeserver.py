@@ -67,7 +67,8 @@ class FakeServer:
     """`mode` picks the behaviour: ok, shifted (text as ok, other token ids), empty, nulltext (ids
     and usage as ok, the text null), overlong (one token more than asked), lagging (a stream's
     text held three characters behind its ids until the last chunk, as vLLM holds it for a stop
-    string, vllm#36830), notokenize (no /tokenize or /detokenize), http500, http503,
+    string, vllm#36830), reasoning (a chat stream's first three deltas told as `reasoning_content`,
+    as a reasoning parser tells them), notokenize (no /tokenize or /detokenize), http500, http503,
     badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
     reference text) is scored at `reference_logprob` per token."""
 
@@ -163,7 +164,9 @@ class FakeServer:
             choice = {"index": 0, "finish_reason": "length" if i == len(ids) - 1 else None, "token_ids": [tok]}
             if k is not None:
                 choice["logprobs"] = logprobs_body([tok], [part], chat, k, offset=13 * i)
-            if chat:
+            if chat and self.mode == "reasoning" and i < 3:
+                choice["delta"] = {"reasoning_content": part}
+            elif chat:
                 choice["delta"] = {"content": part}
             else:
                 choice["text"] = part

@@ -151,3 +151,15 @@ def test_a_stream_that_asks_chunks_paired_is_recorded_chunk_by_chunk_with_what_e
     if found:
         assert (found[0].evidence.chunk, found[0].evidence.streamed, found[0].evidence.tokens) == (0, "", "w")
     assert judge_request(s, w) == []  # the same lag, not asked for: not judged
+
+
+def test_a_stream_whose_ids_were_told_as_reasoning_keeps_no_chunks(minimal):
+    # A reasoning parser tells some ids outside the text: they cannot be held to it, and are not.
+    minimal["workload"]["prompts"] = [{"id": "r", "kind": "chat", "messages": [{"role": "user", "content": "x"}],
+                                       "stream": True, "chunks_paired": True}]
+    minimal["workload"]["max_tokens"] = minimal["workload"]["min_tokens"] = 8
+    w = parse_config(minimal).workload
+    with FakeServer("reasoning", tokens=8) as server:
+        (r,) = send(server, w).values()
+    assert r.text == "w" * 5 and r.chunks is None
+    assert Reason.CHUNK_UNPAIRED not in {f.reason for f in judge_request(r, w)}

@@ -455,3 +455,7 @@ def test_a_streams_chunks_must_carry_the_text_of_their_ids():
     assert not spells(["a", "\ufffd", "bc", "\ufffd", "b"], "abcb"[:3])
     with pytest.raises(ValueError, match="give it `stream: true`"):
         workload({"id": "c", "chunks_paired": True})
+    with pytest.raises(ValueError, match="a prompt without `tools`"):
+        Workload(prompts=[{"id": "c", "kind": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                           "chunks_paired": True, "tools": [{"name": "f", "parameters": {"type": "object"}}],
+                           "tool_choice": "auto"}])

@@ -95,6 +95,9 @@ class _Choice:
         self.tool_calls: dict[int, ToolCall] = {}  # by their index
         # Streamed: (ids, characters) per chunk up to the one that ended it (a prompt's chunks_paired).
         self.chunks: list[tuple[int, int]] = []
+        # Some of its ids were told outside its text (a tool call's deltas, a reasoning parser's
+        # reasoning): their chunks cannot be held to the text.
+        self.told_elsewhere = False
 
     def add_tool_calls(self, calls: Any, streamed: bool) -> None:
         """Whole calls, or a stream's deltas: a name first, then the arguments in pieces."""
@@ -114,6 +117,9 @@ class _Choice:
             message = choice.delta if streamed else choice.message
             part = message.content
             self.add_tool_calls(getattr(message, "tool_calls", None), streamed)
+            extra = getattr(message, "model_extra", None) or {}
+            self.told_elsewhere = self.told_elsewhere or bool(
+                getattr(message, "tool_calls", None) or extra.get("reasoning_content") or extra.get("reasoning"))
         else:
             part = choice.text
         self.text.append(part or "")
@@ -137,7 +143,8 @@ class _Choice:
     def record(self, index: int, tools: bool, chunks: bool) -> Choice:
         return Choice(index=index, text="".join(self.text) if self.text_given else None, token_ids=self.token_ids,
                       finish_reason=self.finish_reason, stop_reason=self.stop_reason,
-                      tool_calls=self.calls() if tools else None, chunks=self.chunks if chunks else None)
+                      tool_calls=self.calls() if tools else None,
+                      chunks=self.chunks if chunks and not self.told_elsewhere else None)
 
 
 class _Result:

@@ -15,7 +15,9 @@ pass, so that a healthy stream never fails: whitespace (a SentencePiece word's l
 only in context; tokenizers clean spaces up before punctuation), a token that is no whole
 character (U+FFFD alone: its bytes join the next token's) and a special token (`<s>`, `<|im_end|>`:
 the stream leaves them out), each of which may stand for any text. Left: ids that spell
-characters the text has not streamed, or text no id has spelled yet."""
+characters the text has not streamed, or text no id has spelled yet. A stream whose ids were also
+told outside its text (a reasoning parser's `reasoning_content`) is not judged: the client keeps
+no chunks of it."""
 
 from __future__ import annotations
 
@@ -67,6 +69,9 @@ class ChunksPaired(ContractProbe):
     def problem(self, prompt: Prompt) -> str | None:
         if prompt.chunks_paired and not prompt.stream:
             return f"prompt {prompt.id}: `chunks_paired` judges a stream's chunks: give it `stream: true`"
+        if prompt.chunks_paired and prompt.tools is not None:
+            return (f"prompt {prompt.id}: `chunks_paired` holds a stream's text to its ids, and a tool call's ids "
+                    "are told as calls, not text: ask it of a prompt without `tools`")
         return None
 
     def check(self, req: RequestRecord, prompt: Prompt, shape: RequestShape) -> list[ChunkUnpaired]:
