@@ -15,7 +15,7 @@ and float32, twenty-three servers, one of them compiled, about 25 minutes here) 
 (scripts/test.sh --full); its rows go to the ledger detection-real.json beside it, which docs/data/detection-real.json records
 (scripts/detection_table.py --record), and which the landing tier checks instead of re-running it.
 
-Slow tier: eleven servers (one per image, and two knobs' cells), one after another, started and
+Slow tier: twelve servers (one per image, and two knobs' cells), one after another, started and
 stopped by the bench.
 """
 
@@ -78,11 +78,12 @@ FAULTS = {
                                "non-ASCII characters as U+FFFD; a stop string before min_tokens (vllm#21987); a "
                                "streamed tool call cut by max_tokens saying tool_calls (vllm#53269)"),
     "contract-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, temperature_ignored, "
-                        "n_children_lose_bad_words, stream_usage_one_choice",
+                        "n_children_lose_bad_words, stream_usage_one_choice, text_held_back",
                         "stop strings let through; a schema dropped (vllm#53975); EOS one token before "
                         "`min_tokens` (vllm#15967's family); the temperature ignored (vllm#15241); the choices "
                         "after the first losing their bad_words (vllm#17975's family); a stream's usage counting "
-                        "its first choice only (vllm#8625's class)"),
+                        "its first choice only (vllm#8625's class); a stream's text held back behind its ids "
+                        "(vllm#36830's mechanism)"),
     # The tiny matrix's: the faults above and stream_repeats_prompt, each on prompts of its own.
     "contract-and-stream-faults": ("stop_ignored, schema_dropped, min_tokens_off_by_one, stream_repeats_prompt, "
                                    "temperature_ignored, n_children_lose_bad_words, stream_usage_one_choice",
@@ -91,6 +92,8 @@ FAULTS = {
                                    "the temperature ignored (vllm#15241); the choices after the first losing "
                                    "their bad_words (vllm#17975's family); a stream's usage counting its first "
                                    "choice only (vllm#8625's class)"),
+    # The tiny matrix's, on a server of its own (its stream faults above break the pairing too).
+    "text-held-back": ("text_held_back", "vllm#36830's mechanism: a stream's text held back behind its chunks' ids"),
     "compiled-only": ("compiled_only", "vllm#43631's class: wrong only when compiled (eager here: dormant)"),
     "flaky": ("nan_logits", "a failure in some fresh starts only (`flaky`, here nan_logits forced to fire)"),
 }
@@ -171,7 +174,9 @@ OWN_RULE = {"stop_ignored": "stop_ignored", "schema_dropped": "schema_violated",
             # Beside stop_reports_length and tool_args_dropped_streaming, whose rules it shares: each
             # named on its own prompt.
             "tool_calls_at_length": "finish_reason_mismatch@tool-cut-stream",
-            "stream_usage_one_choice": "usage_text_mismatch@two-choices-stream"}
+            "stream_usage_one_choice": "usage_text_mismatch@two-choices-stream",
+            # Beside the usage fault, on the same streams: the pairing of their chunks.
+            "text_held_back": "chunk_unpaired"}
 # The known issue (bench/signatures/) that names each fault: the diagnosis must list it among a
 # failing cell's matches, first or not (a cell of several faults has one first name for all).
 OWN_SIGNATURE = {
@@ -186,7 +191,7 @@ OWN_SIGNATURE = {
     "temperature_ignored": "sampling-ignored", "stop_before_min_tokens": "min-tokens-not-honoured",
     "n_children_lose_allowed": "n-choices-lose-request", "n_children_lose_bad_words": "n-choices-lose-request",
     "tool_calls_at_length": "finish-reason-wrong", "stream_usage_one_choice": "usage-undercount",
-    "compiled_only": "fails-only-under-knob",
+    "compiled_only": "fails-only-under-knob", "text_held_back": "stream-chunks-unpaired",
 }
 # Cells whose fault's own signature cannot be told from what they show, and why; asserted so.
 UNNAMED = {

@@ -260,6 +260,26 @@ class Vllm:
         assert usage is not None
         return usage, [ids[i] for i in sorted(ids)]
 
+    def chunks(self, api: str) -> list[tuple[list[int], str]]:
+        """A greedy stream of 16 tokens without a stop string: each chunk's ids and text, up to
+        the one that ended it (chat: after its role chunk)."""
+        common = {"model": "tiny", "max_tokens": 16, "min_tokens": 16, "ignore_eos": True, "temperature": 0,
+                  "return_token_ids": True, "stream": True}
+        body = {**common, "prompt": PROMPT} if api == "completion" else \
+            {**common, "messages": [{"role": "user", "content": PROMPT}]}
+        out = []
+        with self.client.stream("POST", "/v1/completions" if api == "completion" else "/v1/chat/completions",
+                                json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                for choice in json.loads(line[6:])["choices"]:
+                    text = choice["text"] if api == "completion" else choice["delta"].get("content")
+                    if choice.get("token_ids"):
+                        out.append((choice["token_ids"], text or ""))
+        return out
+
     def prefix_cache_hits(self) -> float:
         text = self.client.get("/metrics").text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -339,7 +359,7 @@ def kept_server(tmp_path_factory):
 def contract_server(tmp_path_factory):
     # compiled_only too: eager (as every server here is), it must change nothing.
     yield from fault_server(tmp_path_factory, "stop_ignored,schema_dropped,min_tokens_off_by_one,temperature_ignored,"
-                                              "stream_usage_one_choice,compiled_only")
+                                              "stream_usage_one_choice,compiled_only,text_held_back")
 
 
 @pytest.fixture(scope="class")
@@ -462,8 +482,8 @@ class TestOutputKeptFaults:
 class TestContractFaults:
     """stop_ignored (text), schema_dropped (structured requests), min_tokens_off_by_one (EOS
     pushed by logit_bias, which this server applies), temperature_ignored (sampled requests),
-    stream_usage_one_choice (the usage of n > 1 streams) and compiled_only (compiled models; this
-    server is eager) on one contract_server: each touches only the requests that ask for its
+    stream_usage_one_choice (the usage of n > 1 streams), compiled_only (compiled models; this
+    server is eager) and text_held_back (the pairing of a stream's chunks) on one contract_server: each touches only the requests that ask for its
     feature."""
 
     def test_each_fault_says_where_it_armed(self, contract_server):
@@ -482,6 +502,21 @@ class TestContractFaults:
                   f"(ids {broken[True][1]})")
             assert all(usage == sum(ids) == 32 for usage, ids in (*kept.values(), broken[False])), (kept, broken)
             assert broken[True][1] == [16, 16] and broken[True][0] == 16
+
+    def test_text_held_back_sends_ids_ahead_of_their_text_in_streams_only(self, contract_server, healthy):
+        # vllm#36830's mechanism without a stop string: the first chunks carry ids and no text,
+        # the last one catches up; the ids, the text and every whole answer stay right.
+        assert [engine_side(line) for line in contract_server.armed_in("text_held_back")] == [False]
+        for api in ("completion", "chat"):
+            kept, broken = healthy.chunks(api), contract_server.chunks(api)
+            print(f"\ntext_held_back: {api}: healthy chunks' text {[t for _, t in kept[:4]]}..., faulty "
+                  f"{[t for _, t in broken[:4]]}... then {broken[-1][1]!r}")
+            assert [i for i, _ in kept] == [i for i, _ in broken] and "".join(t for _, t in kept) == \
+                "".join(t for _, t in broken)
+            assert all(len(ids) == 1 for ids, _ in broken) and len(broken) == 16
+            assert not any(t for _, t in broken[:2]) and any(t for _, t in kept[:2])
+            assert len(broken[-1][1]) > len(kept[-1][1])
+        assert contract_server.complete(PROMPT)["text"] == healthy.complete(PROMPT)["text"]
 
     def test_compiled_only_changes_nothing_on_an_eager_server(self, contract_server, reference):
         assert contract_server.complete(PROMPT)["token_ids"] == reference["code"]["token_ids"]

@@ -45,6 +45,7 @@ FAULTS = (
     "tool_calls_at_length",
     "stream_usage_one_choice",
     "compiled_only",
+    "text_held_back",
 )
 FLAKY = "flaky"
 FLAKY_DEFAULT = "nan_logits"
