@@ -483,8 +483,8 @@ class TestContractFaults:
     """stop_ignored (text), schema_dropped (structured requests), min_tokens_off_by_one (EOS
     pushed by logit_bias, which this server applies), temperature_ignored (sampled requests),
     stream_usage_one_choice (the usage of n > 1 streams), compiled_only (compiled models; this
-    server is eager) and text_held_back (the pairing of a stream's chunks) on one contract_server: each touches only the requests that ask for its
-    feature."""
+    server is eager) and text_held_back (the pairing of a stream's chunks) on one contract_server:
+    each touches only the requests that ask for its feature."""
 
     def test_each_fault_says_where_it_armed(self, contract_server):
         assert contract_server.armed_in("stop_ignored"), contract_server.fault_lines()
