@@ -451,6 +451,7 @@ def test_a_streams_chunks_must_carry_the_text_of_their_ids():
     # stands for any text, and what is left must come whole and in order.
     assert spells(["Hello", " world"], " Hello world") and spells(["a", "\ufffd", "c"], "a東c")
     assert spells(["a", "<s>", "c"], "ac") and not spells(["a", "\ufffd", "c"], "ab")
+    assert spells(["a", "[/INST]", "<|im_start|>", "c"], "ac") and not spells(["a", "[x]", "c"], "ac")
     assert not spells(["ab", "\ufffd", "cd"], "abXc") and not spells(["ab", "cd"], "abc")
     assert not spells(["a", "\ufffd", "bc", "\ufffd", "b"], "abcb"[:3])
     with pytest.raises(ValueError, match="give it `stream: true`"):

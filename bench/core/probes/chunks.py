@@ -43,8 +43,9 @@ class ChunksPairedFields(Strict):
 
 
 # A token whose own text tells nothing of what it adds in context: no whole character (U+FFFD), or
-# a special token the stream leaves out (ChatML's <|im_end|>, Llama's <s>, StarCoder's <file_sep>).
-_OPAQUE = re.compile(r"\ufffd|^<\|?[^<>\s]+\|?>$")
+# a special token the stream leaves out (ChatML's <|im_end|>, Llama's <s>, StarCoder's <file_sep>,
+# Mistral's [INST]), which an answer run past its EOS (ignore_eos) is apt to hold.
+_OPAQUE = re.compile(r"\ufffd|^<\|?[^<>\s]+\|?>$|^\[/?[A-Z][A-Z_]*\]$")
 _SPACE = re.compile(r"\s+")
 
 
