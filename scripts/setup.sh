@@ -35,6 +35,12 @@ else
   step "tiny canary checkpoint into .cache/models/tiny-canary" "~8 s" "$LOG_DIR/tiny-model.log" \
     -- .venv-vllm/bin/python scripts/make_tiny_model.py .cache/models/tiny-canary --canary
 fi
+if [ -f .cache/models/tiny-slow-tokenizer/tokenization_regbench.py ]; then
+  ready "the canary with a slow tokenizer in .cache/models/tiny-slow-tokenizer"
+else
+  step "the canary with a slow tokenizer into .cache/models/tiny-slow-tokenizer" "~2 s" "$LOG_DIR/slow-tokenizer-model.log" \
+    -- .venv-vllm/bin/python scripts/make_slow_tokenizer_model.py .cache/models/tiny-canary .cache/models/tiny-slow-tokenizer
+fi
 [ -n "$smoke" ] && exit 0
 
 if [ -f .cache/models/smollm2-135m-partial/regbench-canary.json ] && [ -f .cache/models/smollm2-135m-canary/regbench-canary.json ] \

@@ -47,6 +47,9 @@ def echo_body(prompt: str, logprob: float) -> dict:
     }
 
 
+PROMPT_IDS = [60, 61, 62]  # what the fake tokenized every prompt to, as vLLM returns it (return_token_ids)
+
+
 def completion_body(text: str, ids: list[int], chat: bool, k: int | None = None) -> dict:
     choice = {"index": 0, "finish_reason": "length", "token_ids": ids}
     if chat:
@@ -56,9 +59,11 @@ def completion_body(text: str, ids: list[int], chat: bool, k: int | None = None)
     if k is not None:
         pieces = [text[i : i + 1] for i in range(len(ids))]
         choice["logprobs"] = logprobs_body(ids, pieces, chat, k)
+    if not chat:
+        choice["prompt_token_ids"] = PROMPT_IDS  # vLLM: a completion's on its choice, a chat's on the answer
     return {
         "id": "x", "object": "chat.completion" if chat else "text_completion", "created": 0, "model": "tiny",
-        "choices": [choice],
+        "choices": [choice], **({"prompt_token_ids": PROMPT_IDS} if chat else {}),
         "usage": {"prompt_tokens": 3, "completion_tokens": len(ids), "total_tokens": 3 + len(ids)},
     }
 
@@ -68,7 +73,8 @@ class FakeServer:
     and usage as ok, the text null), overlong (one token more than asked), lagging (a stream's
     text held three characters behind its ids until the last chunk, as vLLM holds it for a stop
     string, vllm#36830), reasoning (a chat stream's first three deltas told as `reasoning_content`,
-    as a reasoning parser tells them), notokenize (no /tokenize or /detokenize), http500, http503,
+    as a reasoning parser tells them), spaced (a space before each token's text, which /detokenize
+    does not write: vllm#33457's slow detokenizer), notokenize (no /tokenize or /detokenize), http500, http503,
     badjson, truncated, hang. Logprobs come back when asked for; an `echo` request (the
     reference text) is scored at `reference_logprob` per token."""
 
@@ -130,7 +136,7 @@ class FakeServer:
         ids = [7] * n if self.mode == "empty" else list(range(n + (self.mode == "overlong")))
         if self.mode == "shifted":
             ids = [i + 1 for i in ids]
-        text = "" if self.mode == "empty" else "w" * len(ids)
+        text = "" if self.mode == "empty" else ("w", " w")[self.mode == "spaced"] * len(ids)
         if self.mode == "http500":
             return h._send(500, b'{"error": {"message": "engine dead", "type": "InternalServerError"}}')
         if self.mode == "http503":
@@ -159,6 +165,8 @@ class FakeServer:
             if self.mode == "truncated" and i == 5:
                 return  # connection closes mid-stream, no [DONE]
             part = None if self.mode == "nulltext" else text[i : i + 1]
+            if self.mode == "spaced":
+                part = " w"
             if self.mode == "lagging":
                 part = text[max(0, i - 3):] if i == len(ids) - 1 else text[i - 3] if i >= 3 else ""
             choice = {"index": 0, "finish_reason": "length" if i == len(ids) - 1 else None, "token_ids": [tok]}
@@ -172,6 +180,8 @@ class FakeServer:
                 choice["text"] = part
             chunk = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": 0, "model": "tiny", "choices": [choice]}
+            if i == 0:  # as vLLM: the first chunk says how the prompt was tokenized
+                chunk.update(prompt_token_ids=PROMPT_IDS) if chat else choice.update(prompt_token_ids=PROMPT_IDS)
             h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         usage = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion", "created": 0,
                  "model": "tiny", "choices": [],

@@ -163,3 +163,29 @@ def test_a_stream_whose_ids_were_told_as_reasoning_keeps_no_chunks(minimal):
         (r,) = send(server, w).values()
     assert r.text == "w" * 5 and r.chunks is None
     assert Reason.CHUNK_UNPAIRED not in {f.reason for f in judge_request(r, w)}
+
+
+@pytest.mark.parametrize("mode", ["ok", "spaced", "notokenize"])
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_that_asks_text_decoded_records_the_servers_decode_of_its_ids_after_the_prompts(
+        minimal, mode, kind, stream):
+    ask = {"kind": kind, "stream": stream, **({"messages": [{"role": "user", "content": "x"}]} if kind == "chat"
+                                              else {"prompt": "x"})}
+    minimal["workload"]["prompts"] = [{"id": "d", "text_decoded": True, **ask}, {"id": "p", **ask}]
+    minimal["workload"]["max_tokens"] = minimal["workload"]["min_tokens"] = 8
+    w = parse_config(minimal).workload
+    with FakeServer(mode, tokens=8) as server:
+        records = send(server, w)
+    d, p = records["d"], records["p"]
+    assert p.decoded is None and p.token_texts is None
+    if mode == "notokenize":  # a server that will not decode leaves the text unjudged
+        assert d.decoded is None and judge_request(d, w) == []
+        return
+    # The fake decodes every id to "w": the prompt's three ids, then the answer's eight.
+    assert d.decoded == "w" * 8 and d.token_texts == {i: "w" for i in range(8)}
+    assert d.text == ("w" if mode == "ok" else " w") * 8
+    found = judge_request(d, w)
+    assert [f.reason for f in found] == ([] if mode == "ok" else [Reason.DECODE_MISMATCH])
+    if found:
+        assert (found[0].evidence.at, found[0].evidence.answer[:4], found[0].evidence.decoded[:4]) == (0, " w w", "wwww")

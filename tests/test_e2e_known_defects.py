@@ -4,14 +4,17 @@ answered with the prompt's own text first (vllm#48853), streamed or not; a schem
 legacy `guided_json` field is accepted with HTTP 200 and not applied (vllm#53975); bad_words that
 ban every allowed id are answered with token 0, outside the allow-list (vllm#57986); a `required`
 tool call ended by the request's own stop string says `tool_calls` with no call (vllm#53255); a
-stream with a stop string sends each chunk's ids ahead of its text (vllm#36830). Each probe
-sits beside its control, which passes on the same server: the ids cut at a whole character, the
-same schema as `response_format` and as `structured_outputs`, an allow-list with one id left, a
-stop string of one character.
+stream with a stop string sends each chunk's ids ahead of its text (vllm#36830); with a slow
+tokenizer (the canary's weights beside a tokenizer built as Kimi K2's is), the text around an
+added token is written with spaces the tokenizer's own decode does not write (vllm#33457). Each
+probe sits beside its control, which passes: the ids cut at a whole character, the same schema
+as `response_format` and as `structured_outputs`, an allow-list with one id left, a stop string
+of one character, on the same server; the same added-token prompts on the canary's fast tokenizer.
 Beside them, the tool probes, which these releases pass: a call forced by name, whole and
 streamed, a required one, and `tool_choice: none`.
 
-Landing tier: one server, the tiny canary; every assertion here shares it.
+Landing tier: two servers, the tiny canary and its slow-tokenizer twin; every assertion here
+shares them.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from .support import ROOT, regbench
 
 pytestmark = pytest.mark.slow
 CELL = "tiny-canary__safetensors__cpu__vllm-0.32.0"
+SLOW = "tiny-slow-tokenizer__safetensors__cpu__vllm-0.32.0"
+DECODED = ["decoded-added-tokens", "decoded-added-tokens-stream", "decoded-added-tokens-chat",
+           "decoded-added-tokens-chat-stream"]
 
 
 def run_defects(tmp: Path, name: str, change=lambda data: None) -> tuple[subprocess.Popen, str, Path]:
@@ -52,11 +58,25 @@ def run_defects(tmp: Path, name: str, change=lambda data: None) -> tuple[subproc
 
 @pytest.fixture(scope="module")
 def defects_run(tmp_path_factory):
+    """The canary's cell with its requests by prompt; the slow tokenizer's are in `slow_cell`."""
     p, output, run_dir = run_defects(tmp_path_factory.mktemp("defects"), "defects")
     requests = {q.prompt_id: q for q in (RequestRecord.model_validate_json(x)
-                                         for x in (run_dir / "requests.jsonl").read_text().splitlines())}
-    (cell,) = Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
-    return p.returncode, output, cell, requests, run_dir
+                                         for x in (run_dir / "requests.jsonl").read_text().splitlines())
+                if q.cell_id == CELL}
+    cells = {c.cell_id: c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells}
+    assert set(cells) == {CELL, SLOW}, output
+    return p.returncode, output, cells[CELL], requests, run_dir
+
+
+@pytest.fixture(scope="module")
+def slow_cell(defects_run):
+    _, _, _, _, run_dir = defects_run
+    requests = {q.prompt_id: q for q in (RequestRecord.model_validate_json(x)
+                                         for x in (run_dir / "requests.jsonl").read_text().splitlines())
+                if q.cell_id == SLOW}
+    (cell,) = [c for c in Summary.model_validate_json((run_dir / "summary.json").read_text()).cells
+               if c.cell_id == SLOW]
+    return cell, requests
 
 
 def test_the_cell_fails_by_the_two_probes_and_nothing_else(defects_run):
@@ -75,6 +95,36 @@ def test_the_cell_fails_by_the_two_probes_and_nothing_else(defects_run):
         ("token_not_allowed", "allowed-all-banned"), ("usage_text_mismatch", "allowed-all-banned")]
     assert {q.status for q in requests.values()} == {200}
 
+
+def test_the_slow_tokenizer_fails_as_the_canary_but_for_the_prompt_told_again_and_the_spaces(defects_run, slow_cell):
+    # The same weights and (but for " quoted" and " quotes") the same ids: the same answers. The
+    # slow detokenizer does not tell a prompt cut inside a character again (vllm#48853 is the fast
+    # one's), and it writes spaces around the added tokens, whole and streamed.
+    _, _, canary, _, _ = defects_run
+    cell, requests = slow_cell
+    (run,), (control,) = cell.run_results, canary.run_results
+    same = [(f.reason.value, f.prompt_id, f.choice or 0) for f in control.findings if f.reason.value != "prompt_repeated"]
+    spaced = [("decode_mismatch", p, 0) for p in DECODED] + [("decode_mismatch", DECODED[-1], 1),
+                                                             ("stream_text_mismatch", DECODED[-1], 0)]
+    assert sorted((f.reason.value, f.prompt_id, f.choice or 0) for f in run.findings) == sorted(same + spaced)
+    assert {q.status for q in requests.values()} == {200}
+
+
+def test_text_around_added_tokens_is_spaced_by_the_slow_detokenizer_and_not_by_the_fast_one(defects_run, slow_cell):
+    # vllm#33457: the slow path joins the pieces around each added token with " "; the tokenizer's
+    # own decode (tiktoken's, as Kimi K2's) and the canary's fast detokenizer do not.
+    _, _, _, canary, _ = defects_run
+    cell, requests = slow_cell
+    for prompt in DECODED:
+        spaced, control = requests[prompt], canary[prompt]
+        # Only spaces tell them apart, and the allowed tokens hold none.
+        assert spaced.text and spaced.decoded and " " not in spaced.decoded, spaced
+        assert spaced.text != spaced.decoded and spaced.text.replace(" ", "") == spaced.decoded, spaced
+        assert control.text == control.decoded and control.token_texts, control  # the control, judged
+    (evidence, *_) = [f.evidence for f in cell.run_results[0].findings if f.prompt_id == DECODED[0]]
+    assert evidence.at == 0 and evidence.answer.startswith(" <think> ") and evidence.decoded.startswith("<think><")
+    print(f"\nslow tokenizer: {requests[DECODED[0]].text[:40]!r}, decoded {requests[DECODED[0]].decoded[:40]!r}; "
+          f"fast: {canary[DECODED[0]].text[:40]!r}")
 
 def test_ids_that_end_inside_a_character_are_answered_with_the_prompt_first_streamed_or_not(defects_run):
     _, _, cell, requests, _ = defects_run
@@ -156,13 +206,14 @@ def test_a_streams_chunks_carry_ids_ahead_of_their_text_under_a_stop_string(defe
     print(f"\nstop 'xyzzyxyzzy': chunks {lagging.chunks[:4]}...; stop 'Q': {paired.chunks[:4]}...")
 
 
-def test_the_diagnosis_names_the_five_defects(defects_run):
+def test_the_diagnosis_names_the_defects_of_each_tokenizer(defects_run):
     _, _, _, _, run_dir = defects_run
     diagnosis = Diagnosis.model_validate_json((run_dir / "diagnosis.json").read_text())
-    (cell,) = diagnosis.cells
-    assert {m.signature for m in cell.matches[:5]} == {
+    cells = {c.cell_id: c for c in diagnosis.cells}
+    assert {m.signature for m in cells[CELL].matches[:5]} == {
         "prompt-repeated", "structured-output-not-enforced", "allowed-token-ids-ignored", "finish-reason-wrong",
-        "stream-chunks-unpaired"}, [m.signature for m in cell.matches]
+        "stream-chunks-unpaired"}, [m.signature for m in cells[CELL].matches]
+    assert "text-differs-from-decode" in {m.signature for m in cells[SLOW].matches[:5]}, cells[SLOW].matches
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +222,7 @@ def chunked_seed_run(tmp_path_factory):
     request whose prompt (about 30 tokens) needs two prefill steps."""
 
     def chunked(data: dict) -> None:
+        data["models"] = data["models"][:1]  # the canary
         data["server"]["args"] += ["--enable-chunked-prefill", "--max-num-batched-tokens", "16"]
         long = " ".join(f"word{i}" for i in range(12))
         data["workload"]["prompts"] = [

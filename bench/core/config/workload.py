@@ -15,6 +15,7 @@ from bench.core.probes.allowed_token_ids import AllowedTokenIdsFields
 from bench.core.probes.bad_words import BadWordsFields
 from bench.core.probes.choices import ChoicesFields
 from bench.core.probes.chunks import ChunksPairedFields
+from bench.core.probes.decoded import TextDecodedFields
 from bench.core.probes.finish_reason import FinishReasonFields
 from bench.core.probes.logit_bias import LogitBiasFields
 from bench.core.probes.prompt_repeated import DecodesToFields
@@ -106,7 +107,7 @@ class PromptCore(Strict):
 
 class Prompt(ToolsFields, TopLogprobsFields, SchemaFields, ChoicesFields, AllowedTokenIdsFields, BadWordsFields,
              LogitBiasFields, StopFields, DecodesToFields, SamplingFields, SamplingHonouredFields, FinishReasonFields,
-             StopTokenIdsFields, ChunksPairedFields, PromptCore):
+             StopTokenIdsFields, ChunksPairedFields, TextDecodedFields, PromptCore):
     """One request of the workload. The keys after `stop_token_ids` ask for contract probes
     (docs/judged.md, "Contract probes"), each key declared by its probe's module in
     bench/core/probes/."""

@@ -27,6 +27,7 @@ from bench.core.probes import sampling_honoured
 from bench.core.probes import finish_reason
 from bench.core.probes import stop_token_ids
 from bench.core.probes import chunks
+from bench.core.probes import decoded
 # isort: on
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
            "bad_words",
            "choices",
            "chunks",
+           "decoded",
            "finish_reason",
            "logit_bias",
            "prompt_repeated",

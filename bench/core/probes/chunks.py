@@ -45,7 +45,8 @@ class ChunksPairedFields(Strict):
 # A token whose own text tells nothing of what it adds in context: no whole character (U+FFFD), or
 # a special token the stream leaves out (ChatML's <|im_end|>, Llama's <s>, StarCoder's <file_sep>,
 # Mistral's [INST]), which an answer run past its EOS (ignore_eos) is apt to hold.
-_OPAQUE = re.compile(r"\ufffd|^<\|?[^<>\s]+\|?>$|^\[/?[A-Z][A-Z_]*\]$")
+SPECIAL = re.compile(r"^<\|?[^<>\s]+\|?>$|^\[/?[A-Z][A-Z_]*\]$")
+_OPAQUE = re.compile(r"\ufffd|" + SPECIAL.pattern)
 _SPACE = re.compile(r"\s+")
 
 
