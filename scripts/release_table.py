@@ -46,6 +46,9 @@ TRACED = {
                      "answer's parse keeps none of them (`length`, no call, a complete first call in the text)",
     "tool-required-stop": "vllm#53255: a `required` answer that ended by `stop` is told `tool_calls` whether or not a "
                           "call was found (here the request's own stop string cut it at `<tool_call>{\"name\": \"get_`)",
+    "tool-required-stop-stream": "vllm#53255 streamed: the stream's tool parser holds the cut call back and says "
+                                 "`stop`, with no content and no call, where the whole answer keeps it as content "
+                                 "(`inconsistent_output` against `tool-required-stop`)",
     "chunks-stop-stream": "vllm#36830: with a stop string the text is held back one character less than the stop "
                           "string (here nine) and each chunk's ids go out at once, so the first chunks carry ids "
                           "and no text",

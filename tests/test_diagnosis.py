@@ -25,7 +25,7 @@ from bench.core.diagnosis import SHIPPED_SIGNATURES, CellEvidence, Signature, di
 from bench.core.logfacts import log_facts
 from bench.core.probes import PROBES
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Finding, RepeatedToken, ServerExit, TwinsDiffer, Verdict
+from bench.core.verdicts import Finding, FinishReasonWrong, RepeatedToken, ServerExit, TwinsDiffer, Verdict
 
 LOGS = Path(__file__).parent / "data" / "logs"
 SIGNATURES = {s.id: s for s in load_signatures()}
@@ -456,6 +456,20 @@ def test_the_same_tokens_told_as_other_text_is_the_streaming_detokenizer():
     told = cell("safetensors", "s16", "fail", {"inconsistent_output": 2})
     assert names(evidence(told, "safetensors", findings=[_twins(text=True)])) == ["stream-text-differs"]
     assert "stream-text-differs" not in names(evidence(told, "safetensors", findings=[_twins(text=False)]))
+
+
+
+def test_the_same_tokens_told_otherwise_by_a_tool_parser_is_the_parser_not_the_detokenizer():
+    # vllm#53255 streamed beside whole: the stream's parser held back a call the stop string cut
+    # ("" and `stop`), the whole answer kept it as content and said `tool_calls`.
+    told = cell("safetensors", "s16", "fail", {"inconsistent_output": 1, "finish_reason_mismatch": 1})
+    parsed = _twins(text=True).model_copy(update={"evidence": _twins(text=True).evidence.model_copy(
+        update={"parsed": True, "this_text": "<finish_reason stop>", "other_text": "<tool_call>{"})})
+    wrong = Finding(reason="finish_reason_mismatch", prompt_id="p", evidence=FinishReasonWrong(
+        problem="`tool_calls`, but no tool call came back", finish_reason="tool_calls", tokens=20, max_tokens=48))
+    assert sorted(names(evidence(told, "safetensors", findings=[parsed, wrong]))) == [
+        "finish-reason-wrong", "stream-tool-parse-differs"]
+    assert "stream-tool-parse-differs" not in names(evidence(told, "safetensors", findings=[_twins(text=True)]))
 
 
 def test_empty_text_for_the_baselines_tokens_is_the_text_lost_not_the_model():

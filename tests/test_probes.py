@@ -463,7 +463,7 @@ def test_a_streams_chunks_must_carry_the_text_of_their_ids():
 
 
 def test_an_answers_text_must_be_what_its_ids_decode_to_after_the_prompts():
-    from bench.core.probes.decoded import told
+    from bench.core.probes.decoded import decodes_as
     w = workload({"id": "d", "text_decoded": True, "n": 2, "sampling": {"temperature": 0.8, "seed": 1}},
                  min_tokens=4, max_tokens=4)
     spelled = {2046: "<think>", 2047: "</think>", 1887: "ok", 19: "1", 1: "</s>"}
@@ -490,13 +490,13 @@ def test_an_answers_text_must_be_what_its_ids_decode_to_after_the_prompts():
     # A special token may be left out or kept, each on its own; clean-up spaces, runs of bytes that
     # are no character and a trailing one held back are let pass; a stop string cuts the text.
     specials = {"</s>", "<|im_end|>"}
-    assert told("a b", "a</s> b", specials, False) and told("a</s> b<|im_end|>", "a</s> b<|im_end|>", specials, False)
-    assert told("ab<|im_end|>", "a</s>b<|im_end|>", specials, False) and not told("a b", "a</s>b", specials, False)
-    assert told("Hi, you.", "Hi , you .", set(), False) and told("a\ufffdb", "a\ufffd\ufffdb", set(), False)
-    assert told("ab", "ab\ufffd", set(), False) and not told("a\ufffdb", "ab\ufffd", set(), False)
-    assert told("ab", "abSTOPcd", set(), True) and told("abSTOP", "abSTOPcd", set(), True)
-    assert not told("ab", "abSTOPcd", set(), False) and not told("abX", "abSTOPcd", set(), True)
-    assert not told("ab</s>", "ab", specials, True) and told("", "</s>ab", specials, True)
+    assert decodes_as("a b", "a</s> b", specials, False) and decodes_as("a</s> b<|im_end|>", "a</s> b<|im_end|>", specials, False)
+    assert decodes_as("ab<|im_end|>", "a</s>b<|im_end|>", specials, False) and not decodes_as("a b", "a</s>b", specials, False)
+    assert decodes_as("Hi, you.", "Hi , you .", set(), False) and decodes_as("a\ufffdb", "a\ufffd\ufffdb", set(), False)
+    assert decodes_as("ab", "ab\ufffd", set(), False) and not decodes_as("a\ufffdb", "ab\ufffd", set(), False)
+    assert decodes_as("ab", "abSTOPcd", set(), True) and decodes_as("abSTOP", "abSTOPcd", set(), True)
+    assert not decodes_as("ab", "abSTOPcd", set(), False) and not decodes_as("abX", "abSTOPcd", set(), True)
+    assert not decodes_as("ab</s>", "ab", specials, True) and decodes_as("", "</s>ab", specials, True)
     with pytest.raises(ValueError, match="a prompt without `tools`"):
         Workload(prompts=[{"id": "d", "kind": "chat", "messages": [{"role": "user", "content": "x"}],
                            "text_decoded": True, "tools": [{"name": "f", "parameters": {"type": "object"}}],

@@ -256,16 +256,17 @@ class RepeatedTokenCondition(Condition):
 @condition
 class TwinsDifferCondition(Condition):
     """Two requests of one run with the same content (`inconsistent_output`) got other token ids
-    (`tokens`), or the same ids told as other text (`text`)."""
+    (`tokens`), the same ids told as other text (`text`), or, where the request gave tools, told
+    otherwise by the tool parser (`parsed`: other text, calls or finish_reason)."""
 
-    twins_differ: Literal["tokens", "text"]
+    twins_differ: Literal["tokens", "text", "parsed"]
 
     def check(self, ev: CellEvidence, releases: Releases | None = None) -> Check:
         twins = [f.evidence for f in ev.findings
                  if f.reason == Reason.INCONSISTENT_OUTPUT and isinstance(f.evidence, TwinsDiffer)]
         if not twins:
             return False, "no two requests of the same content differ"
-        kinds = {"text" if t.this_text is not None else "tokens" for t in twins}
+        kinds = {"tokens" if t.this_text is None else "parsed" if t.parsed else "text" for t in twins}
         return self.twins_differ in kinds, f"requests of the same content differ by {' and '.join(sorted(kinds))}: " \
             f"{twins[0].text()}"
 

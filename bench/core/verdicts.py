@@ -159,6 +159,8 @@ class TwinsDiffer(_Evidence):
     # Set when the token ids agree and the text differs: both texts around `position`.
     this_text: str | None = None
     other_text: str | None = None
+    # The request gave tools: a tool parser told the text, the calls and why it ended.
+    parsed: bool = False
     # seed_not_reproducible: how both were sampled.
     seed: int | None = None
     temperature: float | None = None

@@ -65,7 +65,8 @@ def _inconsistent(req: RequestRecord, ref: RequestRecord, mine: Output, theirs: 
         pos = _first_text_difference(this, other)
         return Finding(reason=Reason.INCONSISTENT_OUTPUT, prompt_id=req.prompt_id, evidence=TwinsDiffer(
             other_prompt_id=ref.prompt_id, position=pos, streamed=req.stream, other_streamed=ref.stream,
-            this_text=this[max(0, pos - 20):pos + 40], other_text=other[max(0, pos - 20):pos + 40]))
+            this_text=this[max(0, pos - 20):pos + 40], other_text=other[max(0, pos - 20):pos + 40],
+            parsed=req.tool_calls is not None))
     if pos is None:
         return None
     return Finding(reason=Reason.INCONSISTENT_OUTPUT, prompt_id=req.prompt_id, evidence=TwinsDiffer(

@@ -87,7 +87,7 @@ class TextDecoded(ContractProbe):
             return []
         specials = {req.token_texts[i] for i in req.token_ids or [] if SPECIAL.search(req.token_texts.get(i, ""))}
         stopped = req.finish_reason == "stop" and isinstance(req.stop_reason, str)
-        if told(req.text, req.decoded, specials, stopped):
+        if decodes_as(req.text, req.decoded, specials, stopped):
             return []
         at = next((k for k, (a, b) in enumerate(zip(req.text, req.decoded, strict=False)) if a != b),
                   min(len(req.text), len(req.decoded)))
@@ -95,7 +95,7 @@ class TextDecoded(ContractProbe):
         return [DecodeMismatch(at=at, answer=req.text[start:start + 60], decoded=req.decoded[start:start + 60])]
 
 
-def told(text: str, decoded: str, specials: set[str], stopped: bool) -> bool:
+def decodes_as(text: str, decoded: str, specials: set[str], stopped: bool) -> bool:
     """Whether `text` is `decoded` with some of its special tokens left out, each run of U+FFFD in
     it standing for any run (or, at its end, none); with `stopped`, any beginning of that. Both
     as transformers' clean-up leaves them."""
