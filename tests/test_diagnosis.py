@@ -22,10 +22,11 @@ from bench.core.conditions import (
 from bench.core.config import ConfigError
 from bench.core.contrast import contrast
 from bench.core.diagnosis import SHIPPED_SIGNATURES, CellEvidence, Signature, diagnose_cell, load_signatures
+from bench.core.evidence import FinishReasonWrong, RepeatedToken, ServerExit, TwinsDiffer
 from bench.core.logfacts import log_facts
 from bench.core.probes import PROBES
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Finding, FinishReasonWrong, RepeatedToken, ServerExit, TwinsDiffer, Verdict
+from bench.core.verdicts import Finding, Verdict
 
 LOGS = Path(__file__).parent / "data" / "logs"
 SIGNATURES = {s.id: s for s in load_signatures()}
@@ -601,7 +602,7 @@ def test_each_contract_probe_finding_names_its_own_signature_first(reason, signa
 
 def test_a_promise_broken_only_by_a_later_choice_is_named_n_choices_lose_request():
     """vllm#17975's family: the first choice keeps the stop, the second runs past it."""
-    from bench.core.verdicts import StopPassed
+    from bench.core.evidence import StopPassed
 
     later = Finding(reason="stop_ignored", prompt_id="two-choices-stop", choice=1, evidence=StopPassed(
         stop="e", position=3, finish_reason="length", around="once e"))
@@ -616,7 +617,7 @@ def test_a_promise_broken_only_by_a_later_choice_is_named_n_choices_lose_request
 # ---- causes once misnamed (issue #46): a usage undercount, a stream-only failure, a knob-only one ------
 
 def test_a_usage_that_undercounts_the_tokens_sent_is_its_own_cause_not_empty_text():
-    from bench.core.verdicts import UsageMismatch
+    from bench.core.evidence import UsageMismatch
 
     under = Finding(reason="usage_text_mismatch", prompt_id="p", evidence=UsageMismatch(
         usage_tokens=12, token_ids=16, text_chars=40))
@@ -637,7 +638,7 @@ def test_a_usage_that_undercounts_the_tokens_sent_is_its_own_cause_not_empty_tex
 
 
 def _schema_miss(prompt: str) -> Finding:
-    from bench.core.verdicts import SchemaMiss
+    from bench.core.evidence import SchemaMiss
 
     return Finding(reason="schema_violated", prompt_id=prompt, evidence=SchemaMiss(
         error="Expecting value", parsed=False, finish_reason="length", answer="Once upon"))

@@ -246,7 +246,7 @@ def test_repeats_that_ran_different_images_are_flagged(minimal):
 
 
 def test_findings_carry_evidence_a_program_can_read(workload):
-    from bench.core.verdicts import RepeatedToken, UsageMismatch
+    from bench.core.evidence import RepeatedToken, UsageMismatch
 
     by_reason = {f.reason: f for f in judge_request(req(text="", token_ids=[0] * 128), workload)}
     degenerate = by_reason[Reason.DEGENERATE].evidence
@@ -564,7 +564,7 @@ def test_a_folder_written_before_a_rule_existed_is_judged_by_it_now(tmp_path):
     import json
 
     from bench.cli import main
-    from bench.core.verdicts import ExitEpisode
+    from bench.core.evidence import ExitEpisode
 
     from . import synth
 

@@ -12,11 +12,12 @@ import math
 import pytest
 
 from bench.core.config import ReferenceText, parse_config
+from bench.core.evidence import TokenDivergence
 from bench.core.judge import Baseline, divergence, judge_cell, judge_reference, reference_drift
 from bench.core.matrix import expand
 from bench.core.records import ReferenceScore, RequestRecord, RunRecord, ServerOutcome
 from bench.core.tokens import EXACT, Logprobs, Output, TokenLogprobs, comparator_for, rank_in, top_ids
-from bench.core.verdicts import Finding, Reason, TokenDivergence
+from bench.core.verdicts import Finding, Reason
 from bench.serve.client import run_workload, score_reference
 
 from .fakeserver import FakeServer

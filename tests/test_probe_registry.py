@@ -12,12 +12,13 @@ from pydantic import BaseModel, TypeAdapter
 from bench.core.config import Prompt, Workload
 from bench.core.config.workload import CORE_CONTENT, PromptCore
 from bench.core.diagnosis import SHIPPED_SIGNATURES, load_signatures
+from bench.core.evidence import Evidence
 from bench.core.judge import judge_request, judge_twins
 from bench.core.probes import PROBES, ContractProbe
 from bench.core.records import RequestRecord
 from bench.core.request import request_body
 from bench.core.taxonomy import taxonomy
-from bench.core.verdicts import Evidence, Finding, Reason
+from bench.core.verdicts import Finding, Reason
 
 IDS = [p.name for p in PROBES]
 # A prompt that asks for each probe (and nothing else the probe's check would flag on its own).
@@ -69,7 +70,7 @@ def test_each_probe_declares_what_it_finds_once(probe: ContractProbe):
     assert entry.text == probe.description and len(probe.description) > 40
     assert entry.function == type(probe).__module__
     members = typing.get_args(typing.get_args(Evidence)[0])
-    assert probe.evidence in members, f"{probe.evidence.__name__} is not in bench.core.verdicts.Evidence"
+    assert probe.evidence in members, f"{probe.evidence.__name__} is not in bench.core.evidence.Evidence"
 
 
 def test_the_taxonomy_names_every_reason_once_with_a_description():

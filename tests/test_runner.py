@@ -129,7 +129,8 @@ def test_the_progress_line_marks_pass_pending_and_divergence():
     line = run_line(record, [], [TokenDiff(prompt_id="p", repeat=1, position=5)])
     assert line.startswith("[red]✗") and "token 5 (p)" in line
     # A missed known answer alone is not yet a failure: the baseline may miss it too.
-    from bench.core.verdicts import ExpectationMissed, Finding
+    from bench.core.evidence import ExpectationMissed
+    from bench.core.verdicts import Finding
 
     missed = Finding(reason="expectation_failed", prompt_id="france",
                      evidence=ExpectationMissed(expected="contains 'Paris'", answer="L'Étoile"))
@@ -230,8 +231,8 @@ def test_a_cell_whose_image_cannot_run_here_is_said_once_not_per_repeat(minimal)
 def test_a_run_that_only_missed_a_known_answer_settles_nothing(minimal):
     # Whether such a miss counts depends on the baseline, judged later: early stop must not call
     # the cell flaky on it and skip the repeats that would tell.
+    from bench.core.evidence import ExpectationMissed
     from bench.core.stop import StopToken
-    from bench.core.verdicts import ExpectationMissed
     from bench.runner import Schedule
 
     cfg = config(minimal, repeats=4, early_stop=True)

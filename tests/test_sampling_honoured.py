@@ -9,12 +9,13 @@ import random
 import pytest
 
 from bench.core.config import Workload
+from bench.core.evidence import SampledAsGreedy
 from bench.core.judge.requests import judge_request
 from bench.core.probes.sampling_honoured import LOG10_BOUND, NEUTRAL, TOP_K, SamplingHonoured, chance
 from bench.core.records import Choice, RequestRecord
 from bench.core.request import request_body
 from bench.core.tokens import TokenLogprobs
-from bench.core.verdicts import Reason, SampledAsGreedy
+from bench.core.verdicts import Reason
 
 PROBE = SamplingHonoured()
 

@@ -77,8 +77,9 @@ def test_a_cells_kind_from_the_judges_reasons():
 
 
 def test_empty_completions_are_most_of_a_runs_answers():
+    from bench.core.evidence import EmptyText
     from bench.core.records import CellSummary, RunResult
-    from bench.core.verdicts import EmptyText, Finding, Verdict
+    from bench.core.verdicts import Finding, Verdict
 
     def cell(*empty_per_run: int) -> CellSummary:
         runs = [RunResult(repeat=i, reasons=[Reason.EMPTY_TEXT] if k else [], findings=[

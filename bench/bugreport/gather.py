@@ -21,12 +21,12 @@ from pathlib import Path
 from bench.bugreport.collect_env import COLLECT_ENV, SECRET_LOOKING, CollectEnvError, run_collect_env_local
 from bench.bugreport.render import BugReport, render
 from bench.core.config import CellFilter, Config, ConfigError, Invariance, Prompt, parse_config
+from bench.core.evidence import ExitEpisode, TokenDivergence
 from bench.core.judge import judge
 from bench.core.matrix import Cell, matrix_image
 from bench.core.records import CellSummary, Fingerprint, RunRecord, Summary
 from bench.core.redact import Redactor, redactor_for
 from bench.core.request import endpoint, request_body
-from bench.core.verdicts import ExitEpisode, TokenDivergence
 from bench.serve.launch import HOST, OVERLAY_ROOT, image_env, serve_args, server_env
 from bench.serve.launchers import needs
 from bench.store.evidence import diagnose_results

@@ -18,9 +18,9 @@ import re
 from dataclasses import dataclass
 
 from bench.core.diagnosis import CellDiagnosis, Match
+from bench.core.evidence import ExitEpisode, TokenDivergence
 from bench.core.records import CellSummary, Fingerprint
 from bench.core.stats import percent_range
-from bench.core.verdicts import ExitEpisode, TokenDivergence
 
 VLLM_TEMPLATE = "vllm-project/vllm .github/ISSUE_TEMPLATE/400-bug-report.yml"
 STREAMER_PREFIX = "runai-"  # a signature id of runai-model-streamer's issues

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from bench.core.conditions import CellEvidence, Check, Condition, Releases, condition
-from bench.core.verdicts import Finding, Reason, TwinsDiffer, UsageMismatch
+from bench.core.evidence import TwinsDiffer, UsageMismatch
+from bench.core.verdicts import Finding, Reason
 
 # The promises an answer keeps on its own, each a contract probe's finding about one answer: what
 # a streamed answer may break while the same request answered whole keeps it.

@@ -22,9 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, PlainValidat
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from bench.core.contrast import Contrast
+from bench.core.evidence import RepeatedToken, ServerExit, TwinsDiffer
 from bench.core.logfacts import LogFacts
 from bench.core.records import CellSummary, Fingerprint, PreflightRecord
-from bench.core.verdicts import Finding, Reason, RepeatedToken, ServerExit, TwinsDiffer
+from bench.core.verdicts import Finding, Reason
 
 
 class _Strict(BaseModel):

@@ -27,18 +27,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bench.core.evidence import ReferenceLikelihood, RequestFailed
 from bench.core.records import (
     RequestRecord,
     RunRecord,
     UnconfirmedNote,
 )
 from bench.core.tokens import Output
-from bench.core.verdicts import (
-    Finding,
-    Reason,
-    ReferenceLikelihood,
-    RequestFailed,
-)
+from bench.core.verdicts import Finding, Reason
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from bench.core.config import ReferenceText
 from bench.core.errors import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, EXIT_USAGE
+from bench.core.evidence import RanOn, ReferenceLikelihood, TokenDivergence
 from bench.core.judge.baseline import Baseline, set_aside_unconfirmed, unconfirmed_notes
 from bench.core.matrix import Cell
 from bench.core.perf import cell_perf
@@ -38,14 +39,7 @@ from bench.core.records import (
 )
 from bench.core.stats import verdict, wilson_interval
 from bench.core.tokens import EXACT, Comparator, Output, rank_in
-from bench.core.verdicts import (
-    Finding,
-    RanOn,
-    Reason,
-    ReferenceLikelihood,
-    TokenDivergence,
-    Verdict,
-)
+from bench.core.verdicts import Finding, Reason, Verdict
 
 
 def _divergence_evidence(out: Output, ref: Output, pos: int, comparator: Comparator) -> TokenDivergence:

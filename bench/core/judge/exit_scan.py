@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import re
 
-from bench.core.verdicts import (
-    ExitEpisode,
-)
+from bench.core.evidence import ExitEpisode
 
 # Lines that open an exit-time episode worth a look.
 _OPEN = re.compile(

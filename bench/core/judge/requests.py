@@ -6,20 +6,19 @@ from __future__ import annotations
 import re
 
 from bench.core.config import Prompt, RequestShape, Workload
-from bench.core.probes import PROBES
-from bench.core.records import ErrorKind, RequestRecord
-from bench.core.verdicts import (
+from bench.core.evidence import (
     EmptyText,
     ExpectationMissed,
-    Finding,
     OverLength,
-    Reason,
     RepeatedToken,
     RequestFailed,
     StreamTextDiffers,
     TokenCount,
     UsageMismatch,
 )
+from bench.core.probes import PROBES
+from bench.core.records import ErrorKind, RequestRecord
+from bench.core.verdicts import Finding, Reason
 
 _ERROR_REASON = {
     ErrorKind.HTTP: Reason.HTTP_ERROR,

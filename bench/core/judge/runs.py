@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from bench.core.config import ReferenceText, Workload
+from bench.core.evidence import ReferenceLikelihood
 from bench.core.judge.requests import judge_request
 from bench.core.judge.server import judge_reference, judge_server, judge_server_counters
 from bench.core.judge.twins import judge_twins
@@ -21,11 +22,7 @@ from bench.core.records import (
 )
 from bench.core.results import Results
 from bench.core.tokens import EXACT, Comparator
-from bench.core.verdicts import (
-    Finding,
-    Reason,
-    ReferenceLikelihood,
-)
+from bench.core.verdicts import Finding, Reason
 
 
 def judge_run(

@@ -4,6 +4,7 @@ reference-text score and its generated-token counter. Pure."""
 from __future__ import annotations
 
 from bench.core.config import ReferenceText
+from bench.core.evidence import CounterMismatch, ReferenceLikelihood, ServerExit
 from bench.core.judge.exit_scan import episodes, exit_episode, is_benign
 from bench.core.records import (
     ReferenceScore,
@@ -11,13 +12,7 @@ from bench.core.records import (
     ServerMetrics,
     ServerOutcome,
 )
-from bench.core.verdicts import (
-    CounterMismatch,
-    Finding,
-    Reason,
-    ReferenceLikelihood,
-    ServerExit,
-)
+from bench.core.verdicts import Finding, Reason
 
 
 def judge_server(outcome: ServerOutcome, shutdown_log: str, log_tail: str) -> list[Finding]:

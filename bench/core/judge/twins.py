@@ -7,10 +7,11 @@ instead (a seed, another number of logprobs), by that probe (bench.core.probes).
 from __future__ import annotations
 
 from bench.core.config import Workload
+from bench.core.evidence import TwinsDiffer
 from bench.core.probes import PROBES
 from bench.core.records import RequestRecord
 from bench.core.tokens import EXACT, Comparator, Output
-from bench.core.verdicts import Finding, Reason, TwinsDiffer
+from bench.core.verdicts import Finding, Reason
 
 
 def told(req: RequestRecord) -> str:

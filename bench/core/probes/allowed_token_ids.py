@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field
 
+from bench.core.evidence import TokenNotAllowed
 from bench.core.probes.base import ContractProbe, register
 from bench.core.schema import Strict
-from bench.core.verdicts import Reason, TokenNotAllowed
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from bench.core.evidence import ChoiceCount
 from bench.core.probes.base import ContractProbe, register
 from bench.core.schema import Strict
-from bench.core.verdicts import ChoiceCount, Reason
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape, Workload

@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from bench.core.evidence import DecodeMismatch
 from bench.core.probes.base import ContractProbe, register
 from bench.core.probes.chunks import SPECIAL
 from bench.core.schema import Strict
-from bench.core.verdicts import DecodeMismatch, Reason
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

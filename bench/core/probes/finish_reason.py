@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from bench.core.evidence import FinishReasonWrong
 from bench.core.probes.base import ContractProbe, register
 from bench.core.schema import Strict
-from bench.core.verdicts import FinishReasonWrong, Reason
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

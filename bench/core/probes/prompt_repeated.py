@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
+from bench.core.evidence import PromptRepeated
 from bench.core.probes.base import ContractProbe, register
 from bench.core.schema import Strict
-from bench.core.verdicts import PromptRepeated, Reason
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

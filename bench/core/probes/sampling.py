@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from bench.core.evidence import TwinsDiffer
 from bench.core.probes.base import ContractProbe, register
 from bench.core.schema import Strict
 from bench.core.tokens import EXACT
-from bench.core.verdicts import Reason, TwinsDiffer
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt

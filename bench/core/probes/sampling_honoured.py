@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from bench.core.evidence import SampledAsGreedy
 from bench.core.probes.base import PROBES, ContractProbe, register
 from bench.core.schema import Strict
-from bench.core.verdicts import Reason, SampledAsGreedy
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+from bench.core.evidence import SchemaMiss
 from bench.core.probes.base import ContractProbe, register
 from bench.core.probes.validate import schema_miss
 from bench.core.schema import Strict
-from bench.core.verdicts import Reason, SchemaMiss
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
+from bench.core.evidence import ToolCallMiss
 from bench.core.probes.base import ContractProbe, register
 from bench.core.probes.validate import invalid
 from bench.core.schema import Strict
-from bench.core.verdicts import Reason, ToolCallMiss
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt, RequestShape

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from bench.core.evidence import LogprobsByK
 from bench.core.probes.base import ContractProbe, register
 from bench.core.schema import Strict
-from bench.core.verdicts import LogprobsByK, Reason
+from bench.core.verdicts import Reason
 
 if TYPE_CHECKING:
     from bench.core.config import Prompt
