@@ -80,8 +80,8 @@ class RequestRecord(Record):
     bad_words_ids: dict[str, list[list[int]]] | None = None
     # A streamed answer of a prompt that asks `chunks_paired`: per chunk of the first choice, up to
     # the one that ended it, (the token ids it carried, the characters of text it carried). And for
-    # it or a prompt that asks `text_decoded`, each id's own text as the server's /detokenize tells
-    # it. None otherwise.
+    # it, or a prompt that asks `text_decoded` where a choice's text is not its decode as it stands,
+    # each id's own text as the server's /detokenize tells it. None otherwise.
     chunks: list[tuple[int, int]] | None = None
     token_texts: dict[int, str] | None = None
     # A prompt that asks `text_decoded`: what the server's /detokenize makes of the first choice's

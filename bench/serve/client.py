@@ -197,6 +197,11 @@ class _Result:
             return None
         return [self.choices[i].record(i, tools, chunks) for i in sorted(self.choices) if i != 0]
 
+    def decode_differs(self) -> bool:
+        """Whether some choice's text is not its decode as it stands: only there can a special
+        token's text explain it, so only there are the ids' own texts asked for (one request an id)."""
+        return any(c.decoded is not None and c.decoded != "".join(c.text) for c in self.choices.values())
+
     def ids(self) -> set[int]:
         return {i for c in self.choices.values() for i in c.token_ids or []}
 
@@ -404,7 +409,7 @@ async def run_workload(
                         logprobs=r.logprobs, **r.timings(), tool_calls=first.tool_calls, choices=r.later(tools, chunks),
                         chunks=first.chunks,
                         token_texts=await _token_texts(base_url, model, r.ids(), workload.request_timeout_s)
-                        if chunks or prompt.text_decoded else None,
+                        if chunks or r.decode_differs() else None,
                         decoded=first.decoded,
                         max_model_len=context,
                         bad_words_ids={w: banned[w] for w in prompt.bad_words if w in banned} or None
